@@ -1,0 +1,1 @@
+//! Shared helpers of the sage-lock examples.

@@ -1,0 +1,627 @@
+//! [`LockClient`]: the connection to Redis/Valkey that lock families are made from.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fred::clients::Client;
+use fred::error::Error;
+use fred::interfaces::ClientLike;
+use fred::types::config::{Config, ReconnectPolicy};
+use fred::types::{Builder, Value};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::error::LockError;
+use crate::key::{KeyCodec, LockKeys};
+use crate::locks::{LockOptions, Locks};
+use crate::observe::{LockStats, Stats};
+use crate::pool::{DedicatedPool, PoolError};
+use crate::scripts::{AcquireReply, Script, Scripts, is_noscript, parse_acquire, parse_flag};
+use crate::topology::{Checked, Deployment, ReplicaHints, run_checked};
+
+/// Default size of the dedicated connection pool.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16;
+/// Default time allowed for the initial connection.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connection to a Redis or Valkey deployment, shared by all lock families made from it.
+///
+/// Cheap to clone (an `Arc`). Commands from all clones share one auto-pipelined connection per
+/// server; replica-acknowledged operations (which block their connection with `WAIT`) use a
+/// bounded pool of dedicated connections instead.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), sage_lock::LockError> {
+/// use sage_lock::LockClient;
+///
+/// let client = LockClient::connect("redis://127.0.0.1:6379").await?;
+/// let locks = client.lock::<String>();
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct LockClient {
+    pub(crate) inner: Arc<ClientInner>,
+}
+
+impl fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClient")
+            .field("deployment", &self.inner.deployment)
+            .field("max_connections", &self.inner.pool.max_connections())
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) struct ClientInner {
+    pub(crate) fred: Client,
+    pub(crate) deployment: Deployment,
+    pub(crate) pool: DedicatedPool,
+    pub(crate) scripts: Scripts,
+    pub(crate) hints: ReplicaHints,
+    pub(crate) stats: Stats,
+    pub(crate) command_timeout: Duration,
+    /// Tasks of this process waiting for a key, woken when this process releases it.
+    waiters: Mutex<HashMap<Vec<u8>, Arc<Notify>>>,
+}
+
+impl LockClient {
+    /// Connects to the deployment `url` names (fred's URL syntax):
+    ///
+    /// - `redis://[user:pw@]host:port[/db]` (or `valkey://`, `rediss://` for TLS): standalone
+    /// - `redis-sentinel://host:26379[/db]?sentinelServiceName=NAME&node=host2:26380`: primary
+    ///   and replicas found through Sentinel
+    /// - `redis-cluster://host:port?node=host2:port2`: cluster
+    ///
+    /// For a primary with replicas but no Sentinel, use [`LockClient::builder`] and
+    /// [`LockClientBuilder::replicated`].
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] for a malformed URL, [`LockError::Backend`] when the server
+    /// cannot be reached within [`DEFAULT_CONNECT_TIMEOUT`].
+    pub async fn connect(url: &str) -> Result<LockClient, LockError> {
+        LockClient::builder().url(url).connect().await
+    }
+
+    /// A builder for fred settings, deployment shape and pool size.
+    #[must_use]
+    pub fn builder() -> LockClientBuilder {
+        LockClientBuilder::default()
+    }
+
+    /// Wraps an existing fred client. It should already be connected (`init`), and should not
+    /// re-send commands on its own (`max_command_attempts = 1`), so that the lock layer owns
+    /// retries. The deployment is read from its configuration.
+    #[must_use]
+    pub fn from_fred(client: Client) -> LockClient {
+        let deployment = Deployment::of(&client.client_config().server);
+        LockClient::from_parts(
+            client,
+            deployment,
+            DEFAULT_MAX_CONNECTIONS,
+            Duration::from_secs(5),
+        )
+    }
+
+    fn from_parts(
+        fred: Client,
+        deployment: Deployment,
+        max_connections: usize,
+        command_timeout: Duration,
+    ) -> LockClient {
+        let pool = DedicatedPool::new(fred.clone(), max_connections);
+        LockClient {
+            inner: Arc::new(ClientInner {
+                fred,
+                deployment,
+                pool,
+                scripts: Scripts::new(),
+                hints: ReplicaHints::default(),
+                stats: Stats::default(),
+                command_timeout,
+                waiters: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// A lock family with the service-wide defaults (30 s lease, namespace `lock`, replica
+    /// acknowledgement on, unless changed through [`crate::global::set_defaults`]).
+    #[must_use]
+    pub fn lock<K: ?Sized>(&self) -> Locks<K> {
+        Locks::new(self.clone(), LockOptions::new().resolve())
+    }
+
+    /// A lock family with explicit options; unset options take the service-wide defaults.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] when the lease is below 30 ms or the namespace is empty.
+    pub fn lock_with<K: ?Sized>(&self, options: LockOptions) -> Result<Locks<K>, LockError> {
+        let settings = options.resolve();
+        settings.validate()?;
+        Ok(Locks::new(self.clone(), settings))
+    }
+
+    /// The deployment this client talks to.
+    #[must_use]
+    pub fn deployment(&self) -> Deployment {
+        self.inner.deployment
+    }
+
+    /// The underlying fred client (shared connection), for commands of your own.
+    #[must_use]
+    pub fn fred(&self) -> &Client {
+        &self.inner.fred
+    }
+
+    /// Counters of this client's lock activity.
+    #[must_use]
+    pub fn stats(&self) -> LockStats {
+        self.inner.stats.snapshot()
+    }
+
+    /// The server-side key that holds the lock on `key` in `namespace` (for inspection and tests).
+    ///
+    /// ```
+    /// let server_key = sage_lock::LockClient::server_key("billing", "account:42");
+    /// assert_eq!(server_key, b"{billing:account:42}");
+    /// ```
+    #[must_use]
+    pub fn server_key<Q: KeyCodec + ?Sized>(namespace: &str, key: &Q) -> Vec<u8> {
+        let mut encoded = Vec::new();
+        key.encode_key(&mut encoded);
+        LockKeys::new(namespace, &encoded).lock
+    }
+
+    /// Closes the shared and dedicated connections. Locks still held expire with their lease.
+    pub async fn quit(&self) {
+        self.inner.pool.close().await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.fred.quit()).await;
+    }
+}
+
+/// Builds a [`LockClient`]: where to connect, the deployment's shape, and connection settings.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), sage_lock::LockError> {
+/// use std::time::Duration;
+/// use sage_lock::LockClient;
+///
+/// let client = LockClient::builder()
+///     .url("redis://10.0.0.5:6379")
+///     .replicated(true)                  // a primary with replicas, no Sentinel
+///     .max_connections(32)               // dedicated connections for WAIT
+///     .command_timeout(Duration::from_secs(2))
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct LockClientBuilder {
+    config: Result<Config, LockError>,
+    replicated: Option<bool>,
+    max_connections: usize,
+    command_timeout: Duration,
+    connect_timeout: Duration,
+    reconnect: ReconnectPolicy,
+}
+
+impl Default for LockClientBuilder {
+    fn default() -> Self {
+        LockClientBuilder {
+            config: Ok(Config::default()),
+            replicated: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            command_timeout: Duration::from_secs(5),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            reconnect: ReconnectPolicy::new_exponential(0, 20, 1_000, 2),
+        }
+    }
+}
+
+impl LockClientBuilder {
+    /// The server URL (see [`LockClient::connect`] for the schemes).
+    #[must_use]
+    pub fn url(mut self, url: &str) -> Self {
+        self.config = parse_url(url);
+        self
+    }
+
+    /// A complete fred configuration instead of a URL.
+    #[must_use]
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = Ok(config);
+        self
+    }
+
+    /// Declares that a plain `redis://` server is the primary of a replicated deployment, so
+    /// lock operations check `ROLE` and wait for replicas. Sentinel and cluster URLs are
+    /// replicated already.
+    #[must_use]
+    pub fn replicated(mut self, replicated: bool) -> Self {
+        self.replicated = Some(replicated);
+        self
+    }
+
+    /// Size of the dedicated connection pool used for `WAIT` (default 16, at least 1).
+    #[must_use]
+    pub fn max_connections(mut self, max_connections: usize) -> Self {
+        self.max_connections = max_connections;
+        self
+    }
+
+    /// Longest time one command may take before it counts as a (transient) failure (default 5 s).
+    #[must_use]
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// Longest time the initial connection may take (default 10 s).
+    #[must_use]
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How fred reconnects after a connection loss (default: forever, 20 ms doubling to 1 s).
+    #[must_use]
+    pub fn reconnect_policy(mut self, policy: ReconnectPolicy) -> Self {
+        self.reconnect = policy;
+        self
+    }
+
+    /// Connects and returns the client.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] for a bad URL or setting, [`LockError::Backend`] when the
+    /// server cannot be reached in time.
+    pub async fn connect(self) -> Result<LockClient, LockError> {
+        let config = self.config?;
+        if self.max_connections == 0 {
+            return Err(LockError::invalid(
+                "max_connections",
+                "must be at least 1, got 0",
+            ));
+        }
+        if self.command_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err(LockError::invalid(
+                "command_timeout",
+                "timeouts must be positive, e.g. Duration::from_secs(5)",
+            ));
+        }
+        let mut deployment = Deployment::of(&config.server);
+        if deployment == Deployment::Standalone && self.replicated == Some(true) {
+            deployment = Deployment::Replicated;
+        }
+        let target = describe(&config);
+        let mut builder = Builder::from_config(config);
+        builder
+            .set_policy(self.reconnect)
+            .with_connection_config(|conn| {
+                // The lock layer owns retries: fred must never re-send a command on its own.
+                conn.max_command_attempts = 1;
+                conn.connection_timeout = self.connect_timeout;
+                conn.internal_command_timeout = self.command_timeout;
+                conn.reconnect_errors
+                    .push(fred::types::config::ReconnectError::MasterDown);
+            })
+            .with_performance_config(|perf| {
+                perf.default_command_timeout = self.command_timeout;
+            });
+        let fred = builder.build().map_err(|e| {
+            LockError::backend(format!("could not configure a client for {target}"), e)
+        })?;
+        let connected = tokio::time::timeout(self.connect_timeout, fred.init()).await;
+        let failure = match connected {
+            Ok(Ok(_task)) => None,
+            Ok(Err(error)) => Some(error),
+            Err(_) => Some(Error::new(
+                fred::error::ErrorKind::Timeout,
+                format!("no connection within {:?}", self.connect_timeout),
+            )),
+        };
+        if let Some(error) = failure {
+            let _ = tokio::time::timeout(Duration::from_secs(1), fred.quit()).await;
+            return Err(LockError::backend(
+                format!("could not connect to {target}: is the server running and reachable?"),
+                error,
+            ));
+        }
+        Ok(LockClient::from_parts(
+            fred,
+            deployment,
+            self.max_connections,
+            self.command_timeout,
+        ))
+    }
+}
+
+/// URL schemes fred understands; anything else is rejected before fred guesses.
+const SCHEMES: [&str; 9] = [
+    "redis",
+    "rediss",
+    "valkey",
+    "valkeys",
+    "redis-cluster",
+    "rediss-cluster",
+    "redis-sentinel",
+    "rediss-sentinel",
+    "redis+unix",
+];
+
+fn parse_url(url: &str) -> Result<Config, LockError> {
+    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+    if !scheme.is_some_and(|scheme| SCHEMES.contains(&scheme.to_ascii_lowercase().as_str())) {
+        return Err(LockError::invalid(
+            "url",
+            format!(
+                "{} has no supported scheme; expected redis://host:port[/db] (or valkey://, \
+                 rediss:// for TLS), redis-sentinel://host:port?sentinelServiceName=NAME or \
+                 redis-cluster://host:port?node=host2:port2",
+                redact(url)
+            ),
+        ));
+    }
+    Config::from_url(url).map_err(|error| {
+        LockError::invalid(
+            "url",
+            format!(
+                "{} is not a valid server URL ({}); expected redis://host:port[/db], \
+                 redis-sentinel://host:port?sentinelServiceName=NAME or \
+                 redis-cluster://host:port?node=host2:port2",
+                redact(url),
+                error.details()
+            ),
+        )
+    })
+}
+
+/// The URL with any password replaced by `***`.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***{}", &url[..scheme], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+fn describe(config: &Config) -> String {
+    let hosts: Vec<String> = config
+        .server
+        .hosts()
+        .iter()
+        .map(|s| format!("{}:{}", s.host, s.port))
+        .collect();
+    format!("{} ({:?})", hosts.join(","), Deployment::of(&config.server))
+}
+
+/// Why a single server operation did not produce an answer.
+#[derive(Debug)]
+pub(crate) enum OpError {
+    /// The client or server failed (classify it with `retry::classify`).
+    Failed(Error),
+    /// No dedicated connection became free before the deadline.
+    PoolExhausted,
+}
+
+impl From<Error> for OpError {
+    fn from(error: Error) -> Self {
+        OpError::Failed(error)
+    }
+}
+
+/// What replica checks said about a write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Ack {
+    /// No checks apply (standalone), or they passed.
+    Confirmed,
+    /// Too few replicas acknowledged in time.
+    Short { acknowledged: i64, required: i64 },
+    /// The node is no longer a primary.
+    NotPrimary(String),
+}
+
+impl ClientInner {
+    /// Runs a lock script with the checks the deployment needs, within `deadline`.
+    async fn run(
+        &self,
+        script: &Script,
+        keys: &LockKeys,
+        args: Vec<Value>,
+        replica_ack: bool,
+        deadline: Instant,
+    ) -> Result<(Value, Ack), OpError> {
+        let limit = deadline.min(Instant::now() + self.command_timeout);
+        if !self.deployment.is_replicated() {
+            let call = run_plain(&self.fred, script, keys, args);
+            return match tokio::time::timeout_at(limit, call).await {
+                Ok(result) => Ok((result?, Ack::Confirmed)),
+                Err(_) => Err(OpError::Failed(timeout_error())),
+            };
+        }
+        if !replica_ack {
+            let call = run_checked(&self.fred, &self.hints, script, keys, args, None);
+            return match tokio::time::timeout_at(limit, call).await {
+                Ok(result) => Ok(judge(result?)),
+                Err(_) => Err(OpError::Failed(timeout_error())),
+            };
+        }
+        let loan = match self.pool.take(deadline).await {
+            Ok(loan) => loan,
+            Err(PoolError::Exhausted) => return Err(OpError::PoolExhausted),
+            Err(PoolError::Connect(error)) => return Err(OpError::Failed(error)),
+        };
+        // WAIT may use what is left of the deadline; its reply needs a round trip more.
+        let wait_for = crate::retry::remaining(deadline).saturating_sub(Duration::from_millis(5));
+        let call = run_checked(&loan.conn, &self.hints, script, keys, args, Some(wait_for));
+        let grace = Duration::from_millis(250).min(self.command_timeout);
+        match tokio::time::timeout_at(deadline + grace, call).await {
+            Ok(Ok(checked)) => {
+                self.pool.put_back(loan);
+                Ok(judge(checked))
+            }
+            Ok(Err(error)) => Err(OpError::Failed(error)),
+            Err(_) => Err(OpError::Failed(timeout_error())),
+        }
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        lease: Duration,
+        replica_ack: bool,
+        deadline: Instant,
+    ) -> Result<(AcquireReply, Ack), OpError> {
+        let args = vec![Value::from(token), Value::Integer(millis(lease))];
+        let (value, ack) = self
+            .run(&self.scripts.acquire, keys, args, replica_ack, deadline)
+            .await?;
+        Ok((parse_acquire(value)?, ack))
+    }
+
+    /// Extends the lease; `Ok((false, _))` when the key no longer holds `token`.
+    pub(crate) async fn renew(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        lease: Duration,
+        replica_ack: bool,
+        deadline: Instant,
+    ) -> Result<(bool, Ack), OpError> {
+        let args = vec![Value::from(token), Value::Integer(millis(lease))];
+        let (value, ack) = self
+            .run(&self.scripts.renew, keys, args, replica_ack, deadline)
+            .await?;
+        Ok((parse_flag(&value)?, ack))
+    }
+
+    /// Deletes the key if it still holds `token`; wakes this process's waiters for it.
+    pub(crate) async fn release(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        deadline: Instant,
+    ) -> Result<bool, OpError> {
+        let args = vec![Value::from(token)];
+        let call = run_plain(&self.fred, &self.scripts.release, keys, args);
+        let released = match tokio::time::timeout_at(deadline, call).await {
+            Ok(result) => parse_flag(&result?)?,
+            Err(_) => return Err(OpError::Failed(timeout_error())),
+        };
+        self.wake_one(&keys.lock);
+        Ok(released)
+    }
+
+    /// The notifier local waiters for `lock_key` sleep on.
+    pub(crate) fn waiter(&self, lock_key: &[u8]) -> Arc<Notify> {
+        let Ok(mut waiters) = self.waiters.lock() else {
+            return Arc::new(Notify::new());
+        };
+        Arc::clone(
+            waiters
+                .entry(lock_key.to_vec())
+                .or_insert_with(|| Arc::new(Notify::new())),
+        )
+    }
+
+    /// Drops the notifier for `lock_key` when no waiter holds it any more.
+    pub(crate) fn forget_waiter(&self, lock_key: &[u8], notify: Arc<Notify>) {
+        drop(notify);
+        if let Ok(mut waiters) = self.waiters.lock()
+            && waiters
+                .get(lock_key)
+                .is_some_and(|n| Arc::strong_count(n) == 1)
+        {
+            waiters.remove(lock_key);
+        }
+    }
+
+    fn wake_one(&self, lock_key: &[u8]) {
+        let notify = self
+            .waiters
+            .lock()
+            .ok()
+            .and_then(|w| w.get(lock_key).cloned());
+        if let Some(notify) = notify {
+            notify.notify_one();
+        }
+    }
+}
+
+fn judge(checked: Checked) -> (Value, Ack) {
+    let ack = if !checked.role.is_primary() {
+        Ack::NotPrimary(checked.role.name)
+    } else {
+        match checked.acknowledged {
+            Some((acknowledged, required)) if acknowledged < required => Ack::Short {
+                acknowledged,
+                required,
+            },
+            _ => Ack::Confirmed,
+        }
+    };
+    (checked.reply, ack)
+}
+
+/// `EVALSHA` on the shared connection, `EVAL` after `NOSCRIPT`.
+async fn run_plain(
+    fred: &Client,
+    script: &Script,
+    keys: &LockKeys,
+    args: Vec<Value>,
+) -> Result<Value, Error> {
+    let (cmd, cmd_args) = script.command(false, keys, args.clone());
+    match fred.custom::<Value, Value>(cmd, cmd_args).await {
+        Err(error) if is_noscript(&error) => {
+            let (cmd, cmd_args) = script.command(true, keys, args);
+            fred.custom(cmd, cmd_args).await
+        }
+        other => other,
+    }
+}
+
+/// The detail text of a command cut short by the caller's deadline.
+pub(crate) const DEADLINE_REACHED: &str = "no reply before the deadline";
+
+fn timeout_error() -> Error {
+    Error::new(fred::error::ErrorKind::Timeout, DEADLINE_REACHED)
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_urls_are_invalid_arguments_without_passwords() {
+        let Err(err) = parse_url("http://user:secret@host:1") else {
+            panic!("accepted an http URL")
+        };
+        let text = err.to_string();
+        assert!(
+            text.contains("url") && text.contains("redis://host:port"),
+            "{text}"
+        );
+        assert!(!text.contains("secret"), "{text}");
+    }
+
+    #[test]
+    fn deployment_comes_from_the_url() {
+        let cluster = parse_url("redis-cluster://127.0.0.1:7000?node=127.0.0.1:7001");
+        assert_eq!(
+            cluster.ok().map(|c| Deployment::of(&c.server)),
+            Some(Deployment::Cluster)
+        );
+        let plain = parse_url("valkey://127.0.0.1:6379");
+        assert_eq!(
+            plain.ok().map(|c| Deployment::of(&c.server)),
+            Some(Deployment::Standalone)
+        );
+    }
+}

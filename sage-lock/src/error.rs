@@ -1,0 +1,214 @@
+//! [`LockError`]: every way a lock operation can fail, with enough context to act on.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Why a lock operation failed.
+///
+/// Every variant names the lock (key and namespace) it concerns where there is one, so
+/// `Display` alone tells an operator what happened. A body's own error is never turned into a
+/// `LockError`: `with_lock` returns the body's value untouched.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// The lock could not be acquired within the wait (or, for `try_with_lock`, transient failures
+    /// did not clear within about a second). The body did not run.
+    #[error("timed out after {waited:?} acquiring lock {key} in namespace {namespace:?}: {reason}")]
+    TimedOut {
+        /// The lock key, printable (non-UTF-8 bytes escaped).
+        key: String,
+        /// The lock's namespace.
+        namespace: String,
+        /// How long the call tried before giving up.
+        waited: Duration,
+        /// What stood in the way.
+        reason: TimeoutReason,
+    },
+
+    /// The lease was lost while the body ran (or before it could start); the body future was
+    /// dropped. Work the body already did is not undone.
+    #[error("lock {key} in namespace {namespace:?} was lost after {held:?}: {reason}")]
+    LockLost {
+        /// The lock key, printable.
+        key: String,
+        /// The lock's namespace.
+        namespace: String,
+        /// How long the lease had been held when the loss was detected.
+        held: Duration,
+        /// How ownership was lost.
+        reason: LossReason,
+    },
+
+    /// An argument was out of range or malformed; nothing was sent to the server.
+    #[error("invalid argument `{argument}`: {message}")]
+    InvalidArgument {
+        /// The argument's name, e.g. `lease`, `namespace`, `wait_timeout`, `url`.
+        argument: &'static str,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+
+    /// The server or the connection failed in a way that retrying will not fix (for example a
+    /// permission error, a wrong URL, or an unreachable server at connect time).
+    #[error("{context}: {source}")]
+    Backend {
+        /// What sage-lock was doing.
+        context: String,
+        /// The client's error.
+        #[source]
+        source: fred::error::Error,
+    },
+}
+
+impl LockError {
+    pub(crate) fn invalid(argument: &'static str, message: impl Into<String>) -> Self {
+        LockError::InvalidArgument {
+            argument,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn backend(context: impl Into<String>, source: fred::error::Error) -> Self {
+        LockError::Backend {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// True for [`LockError::TimedOut`].
+    #[must_use]
+    pub fn is_timed_out(&self) -> bool {
+        matches!(self, LockError::TimedOut { .. })
+    }
+
+    /// True for [`LockError::LockLost`].
+    #[must_use]
+    pub fn is_lock_lost(&self) -> bool {
+        matches!(self, LockError::LockLost { .. })
+    }
+}
+
+/// What kept an acquisition from succeeding before its deadline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TimeoutReason {
+    /// Another owner held the lock for the whole wait.
+    Busy,
+    /// The lock was granted but the primary's replicas did not acknowledge it in time; it was
+    /// released again.
+    NotAcknowledged {
+        /// Replicas that acknowledged.
+        acknowledged: i64,
+        /// Replicas that had to acknowledge.
+        required: i64,
+    },
+    /// Every attempt hit a transient failure (connection loss, failover, cluster reconfiguration);
+    /// the last one is quoted.
+    Unavailable(String),
+    /// No dedicated connection became free in time (see `max_connections`).
+    PoolExhausted {
+        /// The pool's size.
+        max_connections: usize,
+    },
+}
+
+impl fmt::Display for TimeoutReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TimeoutReason::Busy => f.write_str("held by another owner for the whole wait"),
+            TimeoutReason::NotAcknowledged {
+                acknowledged,
+                required,
+            } => write!(
+                f,
+                "granted, but only {acknowledged} of {required} replicas acknowledged it in time \
+                 (released again); check replica health or disable replica acknowledgement"
+            ),
+            TimeoutReason::Unavailable(last) => {
+                write!(f, "server unavailable, last error: {last}")
+            }
+            TimeoutReason::PoolExhausted { max_connections } => write!(
+                f,
+                "all {max_connections} dedicated connections stayed busy; raise max_connections"
+            ),
+        }
+    }
+}
+
+/// How a held lock was lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The key no longer holds this owner's token: it expired, was deleted, or was overwritten.
+    NotOwner,
+    /// Renewal kept failing until the usable lease ran out; the last failure is quoted.
+    RenewalFailed(String),
+    /// Replicas did not acknowledge a renewal before the usable lease ran out.
+    NotAcknowledged {
+        /// Replicas that acknowledged.
+        acknowledged: i64,
+        /// Replicas that had to acknowledge.
+        required: i64,
+    },
+    /// The node that granted the lock is no longer a primary (failover).
+    RoleChanged(String),
+    /// The usable lease ended before the body could start.
+    ExpiredBeforeStart,
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LossReason::NotOwner => f.write_str(
+                "the key no longer holds this owner's token (expired, deleted or overwritten)",
+            ),
+            LossReason::RenewalFailed(last) => {
+                write!(
+                    f,
+                    "renewal failed until the usable lease ran out, last error: {last}"
+                )
+            }
+            LossReason::NotAcknowledged {
+                acknowledged,
+                required,
+            } => write!(
+                f,
+                "only {acknowledged} of {required} replicas acknowledged the renewal before the \
+                 usable lease ran out"
+            ),
+            LossReason::RoleChanged(role) => {
+                write!(
+                    f,
+                    "the granting node is no longer a primary (ROLE reports {role})"
+                )
+            }
+            LossReason::ExpiredBeforeStart => {
+                f.write_str("the usable lease ended before the body could start")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_names_key_namespace_and_reason() {
+        let err = LockError::TimedOut {
+            key: "account:42".into(),
+            namespace: "billing".into(),
+            waited: Duration::from_millis(2000),
+            reason: TimeoutReason::Busy,
+        };
+        let text = err.to_string();
+        assert!(text.contains("account:42") && text.contains("billing") && text.contains("2s"));
+        let lost = LockError::LockLost {
+            key: "k".into(),
+            namespace: "n".into(),
+            held: Duration::from_secs(1),
+            reason: LossReason::NotOwner,
+        };
+        assert!(lost.to_string().contains("no longer holds"));
+    }
+}

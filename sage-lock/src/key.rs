@@ -1,0 +1,253 @@
+//! [`KeyCodec`] (how a key becomes bytes) and the server-side key layout.
+//!
+//! A lock on key `k` in namespace `ns` lives at `{ns:k}` and its fencing counter at
+//! `{ns:k}:fence`. The braces are a Redis Cluster hash tag, so both keys always share one hash
+//! slot. Inside the tag, `%`, `{`, `}` (and `:` in the namespace) are percent-escaped, which keeps
+//! the tag non-empty and the layout injective: two different (namespace, key) pairs never map to
+//! the same server key, whatever bytes they contain.
+
+use std::fmt::Write as _;
+
+/// Turns a lock key into bytes. All processes that protect the same resource must encode its key
+/// the same way.
+///
+/// Strings and byte slices encode as their raw bytes and integers as decimal text, so
+/// `Locks<u64>` with key `42` and `Locks<String>` with key `"42"` name the same lock. Tuples
+/// join their parts with `:`, percent-escaping `%` and `:` inside each part so that different
+/// tuples never collide.
+///
+/// Implement it for your own key types:
+///
+/// ```
+/// use sage_lock::KeyCodec;
+///
+/// struct AccountId(u64);
+///
+/// impl KeyCodec for AccountId {
+///     fn encode_key(&self, out: &mut Vec<u8>) {
+///         out.extend_from_slice(b"account:");
+///         self.0.encode_key(out);
+///     }
+/// }
+///
+/// let mut bytes = Vec::new();
+/// AccountId(42).encode_key(&mut bytes);
+/// assert_eq!(bytes, b"account:42");
+/// ```
+pub trait KeyCodec {
+    /// Appends this key's bytes to `out`.
+    fn encode_key(&self, out: &mut Vec<u8>);
+}
+
+impl<T: KeyCodec + ?Sized> KeyCodec for &T {
+    fn encode_key(&self, out: &mut Vec<u8>) {
+        (**self).encode_key(out);
+    }
+}
+
+impl KeyCodec for str {
+    fn encode_key(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self.as_bytes());
+    }
+}
+
+impl KeyCodec for String {
+    fn encode_key(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self.as_bytes());
+    }
+}
+
+impl KeyCodec for [u8] {
+    fn encode_key(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self);
+    }
+}
+
+impl<const N: usize> KeyCodec for [u8; N] {
+    fn encode_key(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self);
+    }
+}
+
+impl KeyCodec for Vec<u8> {
+    fn encode_key(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self);
+    }
+}
+
+impl KeyCodec for std::borrow::Cow<'_, str> {
+    fn encode_key(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self.as_bytes());
+    }
+}
+
+impl KeyCodec for std::sync::Arc<str> {
+    fn encode_key(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self.as_bytes());
+    }
+}
+
+macro_rules! integer_codec {
+    ($($t:ty),*) => {$(
+        impl KeyCodec for $t {
+            fn encode_key(&self, out: &mut Vec<u8>) {
+                let mut text = String::new();
+                // Writing to a String cannot fail.
+                let _ = write!(text, "{self}");
+                out.extend_from_slice(text.as_bytes());
+            }
+        }
+    )*};
+}
+integer_codec!(
+    u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize
+);
+
+#[cfg(feature = "uuid")]
+impl KeyCodec for uuid::Uuid {
+    fn encode_key(&self, out: &mut Vec<u8>) {
+        let mut buf = uuid::Uuid::encode_buffer();
+        out.extend_from_slice(self.hyphenated().encode_lower(&mut buf).as_bytes());
+    }
+}
+
+/// Appends one tuple part, escaping `%` and `:` so the joined form is unambiguous.
+fn encode_part<T: KeyCodec + ?Sized>(part: &T, out: &mut Vec<u8>) {
+    let mut raw = Vec::new();
+    part.encode_key(&mut raw);
+    for byte in raw {
+        match byte {
+            b'%' => out.extend_from_slice(b"%25"),
+            b':' => out.extend_from_slice(b"%3A"),
+            other => out.push(other),
+        }
+    }
+}
+
+macro_rules! tuple_codec {
+    ($first:ident $(, $rest:ident)*) => {
+        impl<$first: KeyCodec $(, $rest: KeyCodec)*> KeyCodec for ($first, $($rest,)*) {
+            #[allow(non_snake_case)]
+            fn encode_key(&self, out: &mut Vec<u8>) {
+                let ($first, $($rest,)*) = self;
+                encode_part($first, out);
+                $(
+                    out.push(b':');
+                    encode_part($rest, out);
+                )*
+            }
+        }
+    };
+}
+tuple_codec!(A);
+tuple_codec!(A, B);
+tuple_codec!(A, B, C);
+tuple_codec!(A, B, C, D);
+tuple_codec!(A, B, C, D, E);
+tuple_codec!(A, B, C, D, E, F);
+
+/// The server-side names of one lock: its key, its fencing counter, and their shared slot.
+#[derive(Debug, Clone)]
+pub(crate) struct LockKeys {
+    /// `{ns:key}`: holds the owner's token, with the lease as its TTL.
+    pub(crate) lock: Vec<u8>,
+    /// `{ns:key}:fence`: the fencing counter, incremented on every acquisition.
+    pub(crate) fence: Vec<u8>,
+    /// The Redis Cluster hash slot of both keys.
+    pub(crate) slot: u16,
+    /// The user's key, printable, for errors and traces.
+    pub(crate) display: String,
+}
+
+impl LockKeys {
+    /// Lays out the server keys for `key` (already encoded) in `namespace`.
+    pub(crate) fn new(namespace: &str, key: &[u8]) -> Self {
+        let mut lock = Vec::with_capacity(namespace.len() + key.len() + 4);
+        lock.push(b'{');
+        escape_into(namespace.as_bytes(), true, &mut lock);
+        lock.push(b':');
+        escape_into(key, false, &mut lock);
+        lock.push(b'}');
+        let mut fence = lock.clone();
+        fence.extend_from_slice(b":fence");
+        let slot = fred::util::redis_keyslot(&lock);
+        LockKeys {
+            lock,
+            fence,
+            slot,
+            display: printable(key),
+        }
+    }
+}
+
+fn escape_into(bytes: &[u8], escape_colon: bool, out: &mut Vec<u8>) {
+    for &byte in bytes {
+        match byte {
+            b'%' => out.extend_from_slice(b"%25"),
+            b'{' => out.extend_from_slice(b"%7B"),
+            b'}' => out.extend_from_slice(b"%7D"),
+            b':' if escape_colon => out.extend_from_slice(b"%3A"),
+            other => out.push(other),
+        }
+    }
+}
+
+/// The key as text: UTF-8 as is, other bytes escaped like `b"\xff"`.
+pub(crate) fn printable(key: &[u8]) -> String {
+    match std::str::from_utf8(key) {
+        Ok(text) => text.to_owned(),
+        Err(_) => key.escape_ascii().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encoded<T: KeyCodec + ?Sized>(key: &T) -> Vec<u8> {
+        let mut out = Vec::new();
+        key.encode_key(&mut out);
+        out
+    }
+
+    #[test]
+    fn strings_and_integers_agree() {
+        assert_eq!(encoded("42"), encoded(&42_u64));
+        assert_eq!(encoded(&String::from("a")), encoded(&b"a"[..]));
+        assert_eq!(encoded(&-7_i32), b"-7");
+    }
+
+    #[test]
+    fn tuples_are_unambiguous() {
+        assert_ne!(encoded(&("a:b", "c")), encoded(&("a", "b:c")));
+        assert_eq!(encoded(&("account", 42_u64)), b"account:42");
+    }
+
+    #[test]
+    fn layout_shares_a_slot_and_is_injective() {
+        for (ns, key) in [
+            ("lock", &b"a"[..]),
+            ("}x{", b"{}"),
+            ("n", b""),
+            ("a:b", b"c"),
+        ] {
+            let keys = LockKeys::new(ns, key);
+            assert_eq!(keys.slot, fred::util::redis_keyslot(&keys.fence));
+            assert_eq!(keys.lock.iter().filter(|b| **b == b'{').count(), 1);
+        }
+        assert_ne!(
+            LockKeys::new("a:b", b"c").lock,
+            LockKeys::new("a", b"b:c").lock
+        );
+        assert_eq!(
+            LockKeys::new("lock", b"account:42").lock,
+            b"{lock:account:42}"
+        );
+    }
+
+    #[test]
+    fn printable_escapes_binary() {
+        assert_eq!(printable(b"caf\xc3\xa9"), "café");
+        assert_eq!(printable(b"\xff\x00"), "\\xff\\x00");
+    }
+}

@@ -1,0 +1,66 @@
+//! # sage-lock
+//!
+//! Distributed locks for Rust services on Redis and Valkey.
+//!
+//! A body runs only while this process holds a lease on a key; the lease is renewed while the
+//! body runs and released when it ends. The same code works on a standalone server, a primary
+//! with replicas (directly or through Sentinel), and a cluster, where acquisition and renewal
+//! wait for replicas to acknowledge (`WAIT`) and check the primary's role (`ROLE`).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use sage_lock::{LockClient, LockOptions};
+//!
+//! # async fn demo() -> Result<(), sage_lock::LockError> {
+//! let client = LockClient::connect("redis://127.0.0.1:6379").await?;
+//! let locks = client.lock_with::<u64>(
+//!     LockOptions::new().lease(Duration::from_secs(10)).namespace("account-updates"),
+//! )?;
+//! let new_balance = locks
+//!     .with_lock(&42, Duration::from_secs(2), async {
+//!         // read-modify-write the account; at most one process is here at a time
+//!         100
+//!     })
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Or declaratively, with [`locked`]:
+//!
+//! ```ignore
+//! #[sage_lock::locked(key = "account:{id}", wait = "2s", namespace = "account-updates")]
+//! async fn update_account(id: u64, delta: i64) -> Result<(), AppError> { /* ... */ }
+//! ```
+//!
+//! ## Limits
+//!
+//! Exclusivity holds only while the lease is valid and the server keeps the key. A long process
+//! pause, a failover that loses a not-yet-replicated write, or an evicted or deleted lock key can
+//! still allow overlapping work. Replica acknowledgement narrows the failover window but does not
+//! make Redis or Valkey strongly consistent. Where correctness must survive those failures, have
+//! the downstream store check the [`Lease::fencing_token`].
+
+mod client;
+mod error;
+pub mod global;
+mod key;
+mod lease;
+mod locks;
+mod observe;
+mod pool;
+mod renewal;
+mod retry;
+mod scripts;
+mod topology;
+
+pub use client::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_CONNECTIONS, LockClient, LockClientBuilder};
+pub use error::{LockError, LossReason, TimeoutReason};
+pub use key::KeyCodec;
+pub use lease::{Lease, current_lease};
+pub use locks::{LockOptions, Locks, MIN_LEASE, RELEASE_TIMEOUT, TRY_LOCK_RETRY_WINDOW};
+pub use observe::LockStats;
+pub use sage_lock_macros::locked;
+pub use topology::Deployment;
+
+/// The fred client crate, re-exported so its types match the ones sage-lock uses.
+pub use fred;

@@ -1,0 +1,117 @@
+//! Counters and timings: kept per client (read them with
+//! [`LockClient::stats`](crate::LockClient::stats)) and reported through the
+//! [`metrics`](https://docs.rs/metrics) facade, so any installed recorder (Prometheus, StatsD, ...)
+//! exports them.
+//!
+//! | metric | kind | meaning |
+//! |---|---|---|
+//! | `sage_lock_acquisitions_total` | counter | locks acquired |
+//! | `sage_lock_busy_retries_total` | counter | attempts that found the lock held by another owner |
+//! | `sage_lock_transient_retries_total` | counter | attempts that hit a transient failure |
+//! | `sage_lock_timeouts_total` | counter | acquisitions that gave up (`TimedOut`) |
+//! | `sage_lock_renewals_total` | counter | successful renewals |
+//! | `sage_lock_renewal_failures_total` | counter | renewal attempts that failed (may recover) |
+//! | `sage_lock_losses_total` | counter | held locks lost (`LockLost`) |
+//! | `sage_lock_releases_total` | counter | locks released by their owner |
+//! | `sage_lock_wait_seconds` | histogram | time from call to acquisition |
+//! | `sage_lock_hold_seconds` | histogram | time from acquisition to release or loss |
+//!
+//! Every metric carries a `namespace` label.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// A snapshot of one client's lock activity since it was created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockStats {
+    /// Locks acquired.
+    pub acquisitions: u64,
+    /// Attempts that found the lock held by another owner.
+    pub busy_retries: u64,
+    /// Attempts that hit a transient failure and were retried.
+    pub transient_retries: u64,
+    /// Acquisitions that ended in `TimedOut`.
+    pub timeouts: u64,
+    /// Successful renewals.
+    pub renewals: u64,
+    /// Renewal attempts that failed (the lease may still have been kept by a later attempt).
+    pub renewal_failures: u64,
+    /// Held locks that were lost.
+    pub losses: u64,
+    /// Locks released by their owner.
+    pub releases: u64,
+    /// Total time spent waiting for acquisitions, in microseconds.
+    pub wait_micros: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    acquisitions: AtomicU64,
+    busy_retries: AtomicU64,
+    transient_retries: AtomicU64,
+    timeouts: AtomicU64,
+    renewals: AtomicU64,
+    renewal_failures: AtomicU64,
+    losses: AtomicU64,
+    releases: AtomicU64,
+    wait_micros: AtomicU64,
+}
+
+/// One countable event.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Event {
+    BusyRetry,
+    TransientRetry,
+    Timeout,
+    Renewal,
+    RenewalFailure,
+    Loss,
+    Release,
+}
+
+impl Stats {
+    pub(crate) fn record(&self, namespace: &str, event: Event) {
+        let (counter, name) = match event {
+            Event::BusyRetry => (&self.busy_retries, "sage_lock_busy_retries_total"),
+            Event::TransientRetry => (&self.transient_retries, "sage_lock_transient_retries_total"),
+            Event::Timeout => (&self.timeouts, "sage_lock_timeouts_total"),
+            Event::Renewal => (&self.renewals, "sage_lock_renewals_total"),
+            Event::RenewalFailure => (&self.renewal_failures, "sage_lock_renewal_failures_total"),
+            Event::Loss => (&self.losses, "sage_lock_losses_total"),
+            Event::Release => (&self.releases, "sage_lock_releases_total"),
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(name, "namespace" => namespace.to_owned()).increment(1);
+    }
+
+    pub(crate) fn acquired(&self, namespace: &str, waited: Duration) {
+        self.acquisitions.fetch_add(1, Ordering::Relaxed);
+        let micros = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+        self.wait_micros.fetch_add(micros, Ordering::Relaxed);
+        metrics::counter!("sage_lock_acquisitions_total", "namespace" => namespace.to_owned())
+            .increment(1);
+        metrics::histogram!("sage_lock_wait_seconds", "namespace" => namespace.to_owned())
+            .record(waited.as_secs_f64());
+    }
+
+    pub(crate) fn held(namespace: &str, held: Duration) {
+        metrics::histogram!("sage_lock_hold_seconds", "namespace" => namespace.to_owned())
+            .record(held.as_secs_f64());
+    }
+
+    pub(crate) fn snapshot(&self) -> LockStats {
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        LockStats {
+            acquisitions: read(&self.acquisitions),
+            busy_retries: read(&self.busy_retries),
+            transient_retries: read(&self.transient_retries),
+            timeouts: read(&self.timeouts),
+            renewals: read(&self.renewals),
+            renewal_failures: read(&self.renewal_failures),
+            losses: read(&self.losses),
+            releases: read(&self.releases),
+            wait_micros: read(&self.wait_micros),
+        }
+    }
+}

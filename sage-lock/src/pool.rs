@@ -1,0 +1,119 @@
+//! The bounded pool of dedicated connections.
+//!
+//! `WAIT` blocks the connection it runs on, so replica-acknowledged lock operations never use the
+//! shared, auto-pipelined connection. They borrow one of at most `max_connections` dedicated
+//! connections instead, created lazily. Time spent waiting for a free one counts against the
+//! caller's deadline (the acquisition wait or the usable lease).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fred::clients::Client;
+use fred::interfaces::ClientLike;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use crate::retry::remaining;
+
+/// Why no dedicated connection could be had.
+#[derive(Debug)]
+pub(crate) enum PoolError {
+    /// Every connection stayed busy until the deadline.
+    Exhausted,
+    /// A new connection failed to connect.
+    Connect(fred::error::Error),
+}
+
+/// A bounded set of exclusive connections, cloned from the shared client's configuration.
+#[derive(Debug)]
+pub(crate) struct DedicatedPool {
+    template: Client,
+    permits: Arc<Semaphore>,
+    idle: Mutex<Vec<Client>>,
+    max_connections: usize,
+}
+
+/// A dedicated connection on loan; give it back with [`DedicatedPool::put_back`] when it is known
+/// to be idle, or drop it to close it.
+#[derive(Debug)]
+pub(crate) struct Loan {
+    pub(crate) conn: Client,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl DedicatedPool {
+    pub(crate) fn new(template: Client, max_connections: usize) -> Self {
+        DedicatedPool {
+            template,
+            permits: Arc::new(Semaphore::new(max_connections)),
+            idle: Mutex::new(Vec::new()),
+            max_connections,
+        }
+    }
+
+    pub(crate) fn max_connections(&self) -> usize {
+        self.max_connections
+    }
+
+    /// Borrows a connection, waiting for a free slot and connecting a new one if needed, all
+    /// before `deadline`.
+    pub(crate) async fn take(&self, deadline: Instant) -> Result<Loan, PoolError> {
+        let permit =
+            tokio::time::timeout_at(deadline, Arc::clone(&self.permits).acquire_owned()).await;
+        let Ok(Ok(permit)) = permit else {
+            return Err(PoolError::Exhausted);
+        };
+        let reused = self.idle.lock().ok().and_then(|mut idle| idle.pop());
+        if let Some(conn) = reused {
+            if conn.is_connected() {
+                return Ok(Loan {
+                    conn,
+                    _permit: permit,
+                });
+            }
+            close_in_background(conn);
+        }
+        let conn = self.template.clone_new();
+        let connect_time = remaining(deadline).max(Duration::from_millis(1));
+        match tokio::time::timeout(connect_time, conn.init()).await {
+            Ok(Ok(_task)) => Ok(Loan {
+                conn,
+                _permit: permit,
+            }),
+            Ok(Err(error)) => Err(PoolError::Connect(error)),
+            Err(_) => {
+                close_in_background(conn);
+                Err(PoolError::Exhausted)
+            }
+        }
+    }
+
+    /// Returns an idle, healthy connection for reuse.
+    pub(crate) fn put_back(&self, loan: Loan) {
+        let Loan { conn, _permit } = loan;
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.push(conn);
+        }
+    }
+
+    /// Closes idle connections.
+    pub(crate) async fn close(&self) {
+        let idle: Vec<Client> = self
+            .idle
+            .lock()
+            .map(|mut idle| idle.drain(..).collect())
+            .unwrap_or_default();
+        for conn in idle {
+            let _ = tokio::time::timeout(Duration::from_secs(1), conn.quit()).await;
+        }
+    }
+}
+
+/// Closes a connection whose state is unknown (e.g. a `WAIT` may still block it).
+pub(crate) fn close_in_background(conn: Client) {
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        handle.spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(1), conn.quit()).await;
+        });
+    }
+}

@@ -1,0 +1,151 @@
+//! Deadlines, backoff with jitter, and which failures are worth retrying.
+
+use std::time::Duration;
+
+use fred::error::{Error, ErrorKind};
+use rand::Rng;
+use tokio::time::Instant;
+
+/// How a failed command should be treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// Connection loss, routing change or a temporary refusal: retry within the deadline.
+    /// The command may or may not have run; callers resolve that by token, never by blind resend
+    /// of a non-idempotent command.
+    Transient,
+    /// Anything else (permissions, wrong type, syntax, bad configuration): return at once.
+    Permanent,
+}
+
+/// Server error prefixes that mean "try again shortly".
+const TRANSIENT_PREFIXES: [&str; 9] = [
+    "LOADING",
+    "BUSY",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "MASTERDOWN",
+    "NOREPLICAS",
+    "READONLY",
+    "MOVED",
+    "ASK",
+];
+
+/// Sorts a client error into [`Failure::Transient`] or [`Failure::Permanent`].
+pub(crate) fn classify(error: &Error) -> Failure {
+    match error.kind() {
+        ErrorKind::IO
+        | ErrorKind::Timeout
+        | ErrorKind::Canceled
+        | ErrorKind::Cluster
+        | ErrorKind::Routing
+        | ErrorKind::Backpressure
+        | ErrorKind::Sentinel => Failure::Transient,
+        ErrorKind::Unknown | ErrorKind::Protocol => {
+            let details = error.details().trim_start();
+            let is_transient = TRANSIENT_PREFIXES.iter().any(|prefix| {
+                details.starts_with(prefix)
+                    && details[prefix.len()..]
+                        .chars()
+                        .next()
+                        .is_none_or(|c| c == ' ')
+            });
+            // fred reports a command it could not send (disconnected, max attempts 1) this way.
+            let unsent = details.starts_with("Failed to route") || details.contains("connection");
+            if is_transient || unsent {
+                Failure::Transient
+            } else {
+                Failure::Permanent
+            }
+        }
+        _ => Failure::Permanent,
+    }
+}
+
+/// True when the server refused a write because the node is a replica.
+pub(crate) fn is_readonly(error: &Error) -> bool {
+    error.details().trim_start().starts_with("READONLY")
+}
+
+/// Capped exponential backoff with jitter.
+///
+/// Each delay is drawn uniformly from `[d/2, d]` where `d` doubles from `initial` up to `cap`.
+#[derive(Debug, Clone)]
+pub(crate) struct Backoff {
+    next: Duration,
+    cap: Duration,
+}
+
+impl Backoff {
+    pub(crate) fn new(initial: Duration, cap: Duration) -> Self {
+        Backoff { next: initial, cap }
+    }
+
+    /// The next delay, never longer than `limit`.
+    pub(crate) fn next_delay(&mut self, limit: Duration) -> Duration {
+        let ceiling = self.next.min(self.cap);
+        self.next = (self.next * 2).min(self.cap);
+        let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
+        let jittered = rand::rng().random_range(nanos / 2..=nanos.max(1));
+        Duration::from_nanos(jittered).min(limit)
+    }
+}
+
+/// Time left until `deadline`, zero once it has passed.
+pub(crate) fn remaining(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transient_server_errors_are_recognised() {
+        for text in [
+            "LOADING Redis is loading",
+            "TRYAGAIN x",
+            "NOREPLICAS Not enough",
+            "READONLY",
+        ] {
+            assert_eq!(
+                classify(&Error::new(ErrorKind::Unknown, text)),
+                Failure::Transient,
+                "{text}"
+            );
+        }
+        for text in [
+            "NOPERM this user has no permissions",
+            "WRONGTYPE Operation",
+            "BUSYKEY x",
+        ] {
+            assert_eq!(
+                classify(&Error::new(ErrorKind::Unknown, text)),
+                Failure::Permanent,
+                "{text}"
+            );
+        }
+        assert_eq!(
+            classify(&Error::new(ErrorKind::IO, "reset")),
+            Failure::Transient
+        );
+        assert_eq!(
+            classify(&Error::new(ErrorKind::Auth, "bad")),
+            Failure::Permanent
+        );
+    }
+
+    #[test]
+    fn backoff_grows_to_cap_and_respects_limit() {
+        let mut backoff = Backoff::new(Duration::from_millis(4), Duration::from_millis(64));
+        let mut last = Duration::ZERO;
+        for _ in 0..10 {
+            last = backoff.next_delay(Duration::from_secs(1));
+            assert!(last <= Duration::from_millis(64));
+        }
+        assert!(last >= Duration::from_millis(32));
+        assert_eq!(
+            backoff.next_delay(Duration::from_millis(1)),
+            Duration::from_millis(1)
+        );
+    }
+}

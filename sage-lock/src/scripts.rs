@@ -1,0 +1,178 @@
+//! The Lua scripts behind acquire, renew and release, and how they are sent.
+//!
+//! Every script touches only keys of one lock (one hash slot) and is sent as `EVALSHA`, falling
+//! back to `EVAL` when the server answers `NOSCRIPT` (after a restart, failover or
+//! `SCRIPT FLUSH`). Commands are built with [`fred::types::CustomCommand`] routed by
+//! [`ClusterHash::Custom`] because fred's `LuaInterface` ignores per-command options.
+
+use fred::bytes::Bytes;
+use fred::error::{Error, ErrorKind};
+use fred::types::{ClusterHash, CustomCommand, Value};
+
+use crate::key::LockKeys;
+
+/// A Lua script and its SHA-1.
+#[derive(Debug)]
+pub(crate) struct Script {
+    pub(crate) source: &'static str,
+    pub(crate) sha: String,
+}
+
+impl Script {
+    fn new(source: &'static str) -> Self {
+        Script {
+            source,
+            sha: fred::util::sha1_hash(source),
+        }
+    }
+
+    /// The `EVALSHA` (or, with `use_source`, `EVAL`) command and its arguments.
+    pub(crate) fn command(
+        &self,
+        use_source: bool,
+        keys: &LockKeys,
+        args: Vec<Value>,
+    ) -> (CustomCommand, Vec<Value>) {
+        let (name, body) = if use_source {
+            ("EVAL", Value::from(self.source))
+        } else {
+            ("EVALSHA", Value::from(self.sha.as_str()))
+        };
+        let mut all = Vec::with_capacity(4 + args.len());
+        all.push(body);
+        all.push(Value::Integer(2));
+        all.push(Value::Bytes(Bytes::copy_from_slice(&keys.lock)));
+        all.push(Value::Bytes(Bytes::copy_from_slice(&keys.fence)));
+        all.extend(args);
+        (
+            CustomCommand::new_static(name, ClusterHash::Custom(keys.slot), false),
+            all,
+        )
+    }
+}
+
+/// Acquire: `SET NX PX` and, when granted, `INCR` the fencing counter, in one step.
+///
+/// Replies `{1, fence}` when granted (also when the key already holds this token, so a retry
+/// after an unknown outcome is safe), or `{0, pttl}` when another owner holds it.
+const ACQUIRE: &str = r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, redis.call('INCR', KEYS[2])}
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+";
+
+/// Renew: `PEXPIRE` only while the key still holds this token. Replies 1 or 0.
+const RENEW: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+
+/// Release: `DEL` only while the key still holds this token. Replies 1 or 0.
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// The three lock scripts, hashed once per client.
+#[derive(Debug)]
+pub(crate) struct Scripts {
+    pub(crate) acquire: Script,
+    pub(crate) renew: Script,
+    pub(crate) release: Script,
+}
+
+impl Scripts {
+    pub(crate) fn new() -> Self {
+        Scripts {
+            acquire: Script::new(ACQUIRE),
+            renew: Script::new(RENEW),
+            release: Script::new(RELEASE),
+        }
+    }
+}
+
+/// True when the server does not know the script's SHA.
+pub(crate) fn is_noscript(error: &Error) -> bool {
+    error.details().trim_start().starts_with("NOSCRIPT")
+}
+
+/// What the acquire script answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AcquireReply {
+    /// Granted; the new fencing token.
+    Granted { fence: u64 },
+    /// Held by another owner for `pttl_ms` more milliseconds (negative: no TTL known).
+    Busy { pttl_ms: i64 },
+}
+
+/// Parses the acquire script's `{status, number}` reply.
+pub(crate) fn parse_acquire(value: Value) -> Result<AcquireReply, Error> {
+    let protocol = || {
+        Error::new(
+            ErrorKind::Protocol,
+            "unexpected reply to the acquire script",
+        )
+    };
+    let Value::Array(items) = value else {
+        return Err(protocol());
+    };
+    let [status, number] = items.as_slice() else {
+        return Err(protocol());
+    };
+    let number = number.as_i64().ok_or_else(protocol)?;
+    match status.as_i64() {
+        Some(1) => Ok(AcquireReply::Granted {
+            fence: u64::try_from(number).map_err(|_| protocol())?,
+        }),
+        Some(0) => Ok(AcquireReply::Busy { pttl_ms: number }),
+        _ => Err(protocol()),
+    }
+}
+
+/// Parses the 0/1 reply of the renew and release scripts.
+pub(crate) fn parse_flag(value: &Value) -> Result<bool, Error> {
+    match value.as_i64() {
+        Some(n) => Ok(n == 1),
+        None => Err(Error::new(
+            ErrorKind::Protocol,
+            "unexpected reply to a lock script",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acquire_reply_parsing() {
+        let granted = Value::Array(vec![Value::Integer(1), Value::Integer(7)]);
+        assert_eq!(
+            parse_acquire(granted).ok(),
+            Some(AcquireReply::Granted { fence: 7 })
+        );
+        let busy = Value::Array(vec![Value::Integer(0), Value::Integer(250)]);
+        assert_eq!(
+            parse_acquire(busy).ok(),
+            Some(AcquireReply::Busy { pttl_ms: 250 })
+        );
+        assert!(parse_acquire(Value::Null).is_err());
+    }
+
+    #[test]
+    fn commands_route_by_slot() {
+        let keys = LockKeys::new("ns", b"k");
+        let (cmd, args) = Scripts::new().acquire.command(false, &keys, vec![]);
+        assert_eq!(cmd.cluster_hash, ClusterHash::Custom(keys.slot));
+        assert_eq!(args.len(), 4);
+    }
+}

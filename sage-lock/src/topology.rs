@@ -1,0 +1,250 @@
+//! Which deployment a client talks to, and the checks replicated deployments need: `ROLE` (is the
+//! node that granted the lock still a primary, and how many replicas does it have) and `WAIT` (did
+//! those replicas acknowledge the write).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use fred::clients::Client;
+use fred::error::{Error, ErrorKind};
+use fred::interfaces::ClientLike;
+use fred::types::config::ServerConfig;
+use fred::types::{ClusterHash, CustomCommand, Value};
+
+use crate::key::LockKeys;
+use crate::scripts::{Script, is_noscript};
+
+/// The shape of the deployment behind a [`LockClient`](crate::LockClient).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Deployment {
+    /// One server. No `ROLE`, no `WAIT`.
+    Standalone,
+    /// A primary with replicas, reached directly or through Sentinel.
+    Replicated,
+    /// A Redis/Valkey Cluster (each shard a primary, usually with replicas).
+    Cluster,
+}
+
+impl Deployment {
+    /// The deployment a fred server configuration describes. A plain (centralized) server is
+    /// standalone unless the caller says it has replicas (see `LockClientBuilder::replicated`).
+    #[must_use]
+    pub fn of(server: &ServerConfig) -> Self {
+        match server {
+            ServerConfig::Clustered { .. } => Deployment::Cluster,
+            ServerConfig::Sentinel { .. } => Deployment::Replicated,
+            _ => Deployment::Standalone,
+        }
+    }
+
+    /// True when lock operations must check `ROLE` (and by default `WAIT`).
+    #[must_use]
+    pub fn is_replicated(self) -> bool {
+        self != Deployment::Standalone
+    }
+}
+
+/// A node's `ROLE`: its role name and, for a primary, how many replicas it lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Role {
+    pub(crate) name: String,
+    pub(crate) replicas: i64,
+}
+
+impl Role {
+    pub(crate) fn is_primary(&self) -> bool {
+        self.name == "master" || self.name == "primary"
+    }
+}
+
+/// Parses a `ROLE` reply: `["master", offset, [[ip, port, offset], ...]]` on a primary.
+pub(crate) fn parse_role(value: Value) -> Result<Role, Error> {
+    let protocol = || Error::new(ErrorKind::Protocol, "unexpected reply to ROLE");
+    let Value::Array(items) = value else {
+        return Err(protocol());
+    };
+    let name = items
+        .first()
+        .and_then(Value::as_string)
+        .ok_or_else(protocol)?;
+    let replicas = match items.get(2) {
+        Some(Value::Array(list)) => i64::try_from(list.len()).unwrap_or(i64::MAX),
+        _ => 0,
+    };
+    Ok(Role { name, replicas })
+}
+
+/// The outcome of a lock script run with the replicated-deployment checks.
+#[derive(Debug)]
+pub(crate) struct Checked {
+    /// The script's reply.
+    pub(crate) reply: Value,
+    /// The granting node's role when the script ran.
+    pub(crate) role: Role,
+    /// `(acknowledged, required)` replicas, when `WAIT` was requested.
+    pub(crate) acknowledged: Option<(i64, i64)>,
+}
+
+/// Last replica count seen per slot; the first guess for `WAIT`'s replica count.
+#[derive(Debug, Default)]
+pub(crate) struct ReplicaHints(Mutex<HashMap<u16, i64>>);
+
+impl ReplicaHints {
+    fn get(&self, slot: u16) -> i64 {
+        self.0
+            .lock()
+            .map_or(1, |map| map.get(&slot).copied().unwrap_or(1))
+    }
+
+    fn set(&self, slot: u16, replicas: i64) {
+        if let Ok(mut map) = self.0.lock() {
+            map.insert(slot, replicas);
+        }
+    }
+}
+
+fn slot_command(name: &'static str, slot: u16) -> CustomCommand {
+    CustomCommand::new_static(name, ClusterHash::Custom(slot), false)
+}
+
+fn wait_millis(timeout: Duration) -> i64 {
+    // WAIT 0 would block forever: always at least 1 ms.
+    i64::try_from(timeout.as_millis())
+        .unwrap_or(i64::MAX)
+        .max(1)
+}
+
+/// Runs `script` on the primary owning `keys`' slot, in one pipeline on `conn`:
+/// `[CLIENT ID,] ROLE, EVALSHA, [WAIT n ms]`.
+///
+/// With `wait = Some(t)`, `conn` must be a dedicated connection: `WAIT` blocks it. The number of
+/// replicas to wait for is the primary's own replica count from `ROLE`, and at least one. When the
+/// first guess of that count was too low, a second `WAIT` follows on the same connection (checked
+/// by `CLIENT ID`, so a reconnect in between cannot fake an acknowledgement).
+///
+/// Only call `WAIT`-interpretation relevant when the script wrote; callers ignore `acknowledged`
+/// otherwise.
+pub(crate) async fn run_checked(
+    conn: &Client,
+    hints: &ReplicaHints,
+    script: &Script,
+    keys: &LockKeys,
+    args: Vec<Value>,
+    wait: Option<Duration>,
+) -> Result<Checked, Error> {
+    let mut use_source = false;
+    loop {
+        let guess = hints.get(keys.slot).max(1);
+        let pipeline = conn.pipeline();
+        if wait.is_some() {
+            let _: () = pipeline
+                .custom(slot_command("CLIENT", keys.slot), vec!["ID"])
+                .await?;
+        }
+        let _: () = pipeline
+            .custom(slot_command("ROLE", keys.slot), Vec::<Value>::new())
+            .await?;
+        let (cmd, cmd_args) = script.command(use_source, keys, args.clone());
+        let _: () = pipeline.custom(cmd, cmd_args).await?;
+        if let Some(timeout) = wait {
+            let wait_args = vec![Value::Integer(guess), Value::Integer(wait_millis(timeout))];
+            let _: () = pipeline
+                .custom(slot_command("WAIT", keys.slot), wait_args)
+                .await?;
+        }
+        let mut results = pipeline.try_all::<Value>().await.into_iter();
+        let client_id = if wait.is_some() {
+            Some(next(&mut results)?)
+        } else {
+            None
+        };
+        let role = parse_role(next(&mut results)?)?;
+        let reply = match next(&mut results) {
+            Err(error) if is_noscript(&error) && !use_source => {
+                use_source = true;
+                continue;
+            }
+            other => other?,
+        };
+        hints.set(keys.slot, role.replicas);
+        let Some(timeout) = wait else {
+            return Ok(Checked {
+                reply,
+                role,
+                acknowledged: None,
+            });
+        };
+        let required = role.replicas.max(1);
+        let mut acknowledged = next(&mut results)?.as_i64().unwrap_or(0);
+        if acknowledged < required && guess < required {
+            acknowledged = wait_again(conn, keys.slot, client_id, required, timeout).await?;
+        }
+        return Ok(Checked {
+            reply,
+            role,
+            acknowledged: Some((acknowledged, required)),
+        });
+    }
+}
+
+async fn wait_again(
+    conn: &Client,
+    slot: u16,
+    client_id: Option<Value>,
+    required: i64,
+    timeout: Duration,
+) -> Result<i64, Error> {
+    let pipeline = conn.pipeline();
+    let _: () = pipeline
+        .custom(slot_command("CLIENT", slot), vec!["ID"])
+        .await?;
+    let wait_args = vec![
+        Value::Integer(required),
+        Value::Integer(wait_millis(timeout)),
+    ];
+    let _: () = pipeline
+        .custom(slot_command("WAIT", slot), wait_args)
+        .await?;
+    let mut results = pipeline.try_all::<Value>().await.into_iter();
+    if Some(next(&mut results)?) != client_id {
+        return Err(Error::new(
+            ErrorKind::IO,
+            "connection changed between the write and its WAIT",
+        ));
+    }
+    Ok(next(&mut results)?.as_i64().unwrap_or(0))
+}
+
+fn next(results: &mut impl Iterator<Item = Result<Value, Error>>) -> Result<Value, Error> {
+    results.next().unwrap_or_else(|| {
+        Err(Error::new(
+            ErrorKind::Protocol,
+            "pipeline returned too few replies",
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn role_parsing() {
+        let primary = Value::Array(vec![
+            Value::from("master"),
+            Value::Integer(10),
+            Value::Array(vec![Value::Array(vec![]), Value::Array(vec![])]),
+        ]);
+        let role = parse_role(primary).ok();
+        assert_eq!(role.as_ref().map(|r| r.replicas), Some(2));
+        assert!(role.is_some_and(|r| r.is_primary()));
+        let replica = Value::Array(vec![
+            Value::from("slave"),
+            Value::from("h"),
+            Value::Integer(1),
+        ]);
+        assert!(parse_role(replica).is_ok_and(|r| !r.is_primary()));
+    }
+}

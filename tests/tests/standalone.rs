@@ -1,0 +1,138 @@
+//! The behaviour suite on standalone Redis and Valkey servers, plus what only a standalone server
+//! can show: a server going away, a holder process crashing, and no ROLE/WAIT being sent.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::Target;
+use harness::{Server, ServerKind};
+use sage_lock::{LockClient, LockError, LockOptions, Locks, TimeoutReason};
+use tokio::io::AsyncBufReadExt as _;
+
+macro_rules! on_both_servers {
+    ($($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            for kind in ServerKind::ALL {
+                common::$name(&Target::standalone(kind)).await;
+            }
+        }
+    )*};
+}
+
+on_both_servers!(
+    mutual_exclusion,
+    timed_out_is_bounded,
+    try_lock_busy_and_free,
+    renewal_keeps_short_lease,
+    loss_when_key_deleted,
+    loss_when_key_overwritten,
+    cancellation_releases,
+    namespaces_isolate,
+    not_reentrant,
+    body_error_untouched,
+    binary_and_unicode_keys,
+    fencing_tokens_increase,
+    invalid_arguments,
+);
+
+/// A standalone client never sends ROLE or WAIT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_sends_no_role_or_wait() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks = client.lock::<str>();
+        for i in 0..20 {
+            locks.with_lock(&format!("k{i}"), Duration::from_secs(1), async {}).await.expect("lock");
+        }
+        assert_eq!(harness::commandstats_calls(server.port(), "role"), 0, "{}", kind.name());
+        assert_eq!(harness::commandstats_calls(server.port(), "wait"), 0, "{}", kind.name());
+        assert!(harness::commandstats_calls(server.port(), "evalsha") >= 40);
+    }
+}
+
+/// A malformed URL and an unreachable server give clear errors, quickly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_url_and_unreachable_server() {
+    let bad = LockClient::connect("http://127.0.0.1:1").await;
+    let Err(LockError::InvalidArgument { argument: "url", message }) = bad else {
+        panic!("http URL accepted: {bad:?}");
+    };
+    assert!(message.contains("redis://"), "{message}");
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let started = Instant::now();
+    let down = LockClient::builder()
+        .url(&format!("redis://127.0.0.1:{port}"))
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await;
+    let Err(error @ LockError::Backend { .. }) = down else { panic!("connected to nothing: {down:?}") };
+    assert!(error.to_string().contains("could not connect"), "{error}");
+    assert!(started.elapsed() < Duration::from_secs(4), "took {:?}", started.elapsed());
+}
+
+/// The server going away mid-wait gives `TimedOut(Unavailable)` within the wait plus cleanup,
+/// never a hang; once it is back, locking works again without a new client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_down_then_back() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks: Locks<str> = client.lock_with(LockOptions::new().namespace("down")).expect("opts");
+        locks.with_lock("k", Duration::from_secs(1), async {}).await.expect("before");
+        server.kill();
+        let started = Instant::now();
+        let result = locks.with_lock("k", Duration::from_millis(500), async {}).await;
+        let elapsed = started.elapsed();
+        assert!(
+            matches!(result, Err(LockError::TimedOut { reason: TimeoutReason::Unavailable(_), .. })),
+            "{}: {result:?}",
+            kind.name()
+        );
+        assert!(elapsed < Duration::from_millis(500 + 1500), "{}: took {elapsed:?}", kind.name());
+        let tried = locks.try_with_lock("k", async {}).await;
+        assert!(matches!(tried, Err(LockError::TimedOut { .. })), "{tried:?}");
+        server.restart();
+        let back = locks.with_lock("k", Duration::from_secs(10), async { 5 }).await;
+        assert_eq!(back.expect("after restart"), 5, "{}", kind.name());
+    }
+}
+
+/// A holder process killed with SIGKILL keeps the lock only until its lease expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashed_holder_expires_after_lease() {
+    for kind in ServerKind::ALL {
+        let target = Target::standalone(kind);
+        let ns = target.ns("crash");
+        let lease = Duration::from_millis(1500);
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hold_lock"))
+            .args([&target.url, &ns, "job", &lease.as_millis().to_string()])
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn hold_lock");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .expect("holder acquired in time")
+            .expect("read")
+            .expect("a line");
+        assert!(line.starts_with("acquired"), "{line}");
+        let client = target.client().await;
+        let locks: Locks<str> = client.lock_with(LockOptions::new().namespace(ns.as_str())).expect("opts");
+        // Renewing holder: busy well past one lease.
+        tokio::time::sleep(lease * 2).await;
+        assert_eq!(locks.try_with_lock("job", async {}).await.expect("try"), None, "holder lost its lock");
+        child.start_kill().expect("SIGKILL");
+        let _ = child.wait().await;
+        let killed = Instant::now();
+        locks.with_lock("job", Duration::from_secs(10), async {}).await.expect("acquired after expiry");
+        let waited = killed.elapsed();
+        assert!(waited <= lease + Duration::from_millis(700), "{}: waited {waited:?}", kind.name());
+    }
+}
