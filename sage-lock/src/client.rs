@@ -8,6 +8,8 @@ use std::time::Duration;
 use fred::clients::Client;
 use fred::error::Error;
 use fred::interfaces::ClientLike;
+use fred::interfaces::ClusterInterface;
+use fred::types::config::Server;
 use fred::types::config::{Config, ReconnectPolicy};
 use fred::types::{Builder, Value};
 use tokio::sync::Notify;
@@ -17,7 +19,7 @@ use crate::error::LockError;
 use crate::key::{KeyCodec, LockKeys};
 use crate::locks::{LockOptions, Locks};
 use crate::observe::{LockStats, Stats};
-use crate::pool::{DedicatedPool, PoolError};
+use crate::pool::{DedicatedPool, PoolError, close_in_background};
 use crate::scripts::{AcquireReply, Script, Scripts, is_noscript, parse_acquire, parse_flag};
 use crate::topology::{Checked, Deployment, ReplicaHints, run_checked};
 
@@ -432,19 +434,25 @@ impl ClientInner {
         args: Vec<Value>,
         replica_ack: bool,
         deadline: Instant,
-    ) -> Result<(Value, Ack), OpError> {
+        granted_by: Option<&Server>,
+    ) -> Result<(Value, Ack, Option<Server>), OpError> {
         let limit = deadline.min(Instant::now() + self.command_timeout);
         if !self.deployment.is_replicated() {
             let call = run_plain(&self.fred, script, keys, args);
             return match tokio::time::timeout_at(limit, call).await {
-                Ok(result) => Ok((result?, Ack::Confirmed)),
+                Ok(result) => Ok((result?, Ack::Confirmed, None)),
                 Err(_) => Err(OpError::Failed(timeout_error())),
             };
         }
         if !replica_ack {
             let call = run_checked(&self.fred, &self.hints, script, keys, args, None);
             return match tokio::time::timeout_at(limit, call).await {
-                Ok(result) => Ok(judge(result?)),
+                Ok(result) => Ok(judge(
+                    result?,
+                    &self.fred,
+                    serving_node(&self.fred, keys.slot),
+                    granted_by,
+                )),
                 Err(_) => Err(OpError::Failed(timeout_error())),
             };
         }
@@ -454,16 +462,34 @@ impl ClientInner {
             Err(PoolError::Connect(error)) => return Err(OpError::Failed(error)),
         };
         // WAIT may use what is left of the deadline; its reply needs a round trip more.
-        let wait_for = crate::retry::remaining(deadline).saturating_sub(Duration::from_millis(5));
-        let call = run_checked(&loan.conn, &self.hints, script, keys, args, Some(wait_for));
+        let wait_until = deadline
+            .checked_sub(Duration::from_millis(5))
+            .unwrap_or(deadline);
+        let call = run_checked(
+            &loan.conn,
+            &self.hints,
+            script,
+            keys,
+            args,
+            Some(wait_until),
+        );
         let grace = Duration::from_millis(250).min(self.command_timeout);
-        match tokio::time::timeout_at(deadline + grace, call).await {
+        let result = tokio::time::timeout_at(deadline + grace, call).await;
+        match result {
             Ok(Ok(checked)) => {
+                let node = serving_node(&loan.conn, keys.slot);
+                let judged = judge(checked, &loan.conn, node, granted_by);
                 self.pool.put_back(loan);
-                Ok(judge(checked))
+                Ok(judged)
             }
-            Ok(Err(error)) => Err(OpError::Failed(error)),
-            Err(_) => Err(OpError::Failed(timeout_error())),
+            failed => {
+                // The connection may still be blocked in WAIT or broken: never reuse it.
+                close_in_background(loan.conn);
+                Err(OpError::Failed(match failed {
+                    Ok(Err(error)) => error,
+                    _ => timeout_error(),
+                }))
+            }
         }
     }
 
@@ -474,15 +500,24 @@ impl ClientInner {
         lease: Duration,
         replica_ack: bool,
         deadline: Instant,
-    ) -> Result<(AcquireReply, Ack), OpError> {
+    ) -> Result<(AcquireReply, Ack, Option<Server>), OpError> {
         let args = vec![Value::from(token), Value::Integer(millis(lease))];
-        let (value, ack) = self
-            .run(&self.scripts.acquire, keys, args, replica_ack, deadline)
+        let (value, ack, node) = self
+            .run(
+                &self.scripts.acquire,
+                keys,
+                args,
+                replica_ack,
+                deadline,
+                None,
+            )
             .await?;
-        Ok((parse_acquire(value)?, ack))
+        Ok((parse_acquire(value)?, ack, node))
     }
 
-    /// Extends the lease; `Ok((false, _))` when the key no longer holds `token`.
+    /// Extends the lease; `Ok((false, _))` when the key no longer holds `token`. On replicated
+    /// deployments a primary other than `granted_by` now serving the slot counts as a role change.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn renew(
         &self,
         keys: &LockKeys,
@@ -490,10 +525,18 @@ impl ClientInner {
         lease: Duration,
         replica_ack: bool,
         deadline: Instant,
+        granted_by: Option<&Server>,
     ) -> Result<(bool, Ack), OpError> {
         let args = vec![Value::from(token), Value::Integer(millis(lease))];
-        let (value, ack) = self
-            .run(&self.scripts.renew, keys, args, replica_ack, deadline)
+        let (value, ack, _) = self
+            .run(
+                &self.scripts.renew,
+                keys,
+                args,
+                replica_ack,
+                deadline,
+                granted_by,
+            )
             .await?;
         Ok((parse_flag(&value)?, ack))
     }
@@ -551,9 +594,56 @@ impl ClientInner {
     }
 }
 
-fn judge(checked: Checked) -> (Value, Ack) {
+/// The node `conn` sends `slot`'s commands to, as far as the client's routing knows.
+fn serving_node(conn: &Client, slot: u16) -> Option<Server> {
+    if conn.is_clustered() {
+        conn.cached_cluster_state()
+            .and_then(|routing| routing.get_server(slot).cloned())
+    } else {
+        conn.active_connections().into_iter().next()
+    }
+}
+
+/// Whether the primary that granted a lock has lost its role: another node now serves the
+/// lock's slot and (in a cluster) the granting node serves no slots as a primary any more. A
+/// cluster slot migration, which moves the key with its token and TTL, is not a role change.
+fn role_change(
+    conn: &Client,
+    node: Option<&Server>,
+    granted_by: Option<&Server>,
+) -> Option<String> {
+    let (now, granter) = (node?, granted_by?);
+    if now == granter {
+        return None;
+    }
+    if conn.is_clustered()
+        && conn.cached_cluster_state().is_some_and(|routing| {
+            routing
+                .slots()
+                .iter()
+                .any(|range| &range.primary == granter)
+        })
+    {
+        return None;
+    }
+    Some(format!(
+        "{}:{} granted the lock but {}:{} is the primary of its slot now",
+        granter.host, granter.port, now.host, now.port
+    ))
+}
+
+/// Turns the replica checks into an [`Ack`]; `node` answered, `granted_by` granted the lock.
+fn judge(
+    checked: Checked,
+    conn: &Client,
+    node: Option<Server>,
+    granted_by: Option<&Server>,
+) -> (Value, Ack, Option<Server>) {
+    let moved = role_change(conn, node.as_ref(), granted_by);
     let ack = if !checked.role.is_primary() {
-        Ack::NotPrimary(checked.role.name)
+        Ack::NotPrimary(format!("ROLE reports {}", checked.role.name))
+    } else if let Some(moved) = moved {
+        Ack::NotPrimary(moved)
     } else {
         match checked.acknowledged {
             Some((acknowledged, required)) if acknowledged < required => Ack::Short {
@@ -563,7 +653,7 @@ fn judge(checked: Checked) -> (Value, Ack) {
             _ => Ack::Confirmed,
         }
     };
-    (checked.reply, ack)
+    (checked.reply, ack, node)
 }
 
 /// `EVALSHA` on the shared connection, `EVAL` after `NOSCRIPT`.

@@ -304,6 +304,7 @@ async fn run<F: Future>(
         lease_duration: settings.lease,
         replica_ack: settings.replica_acknowledgement,
         lease: held.lease.clone(),
+        granted_by: held.granted_by.clone(),
     };
     held.renewal = Some(tokio::spawn(renewal.run(lost_tx).instrument(span.clone())));
     let body = scope(held.lease.clone(), body);
@@ -330,6 +331,8 @@ struct Held {
     lease: Lease,
     renewal: Option<JoinHandle<()>>,
     armed: bool,
+    /// The primary that granted the lock, when the deployment is replicated.
+    granted_by: Option<fred::types::config::Server>,
 }
 
 impl Held {
@@ -454,6 +457,7 @@ async fn acquire(
         lease: Lease::new(keys.display.clone(), Arc::clone(namespace), 0, start, start),
         renewal: None,
         armed: true,
+        granted_by: None,
     };
     let waiter = match mode {
         Mode::Wait(_) => Some(client.waiter(&keys.lock)),
@@ -483,6 +487,7 @@ async fn acquire(
                 "lock acquired"
             );
             held.lease = granted.lease;
+            held.granted_by = granted.granted_by;
             Ok(Some(held))
         }
         Ok(None) => Ok(None),
@@ -495,8 +500,18 @@ async fn acquire(
         Err(Stop::Lost(reason)) => Err(held.lost(reason).await),
         Err(Stop::Failed(error)) => {
             held.abandon().await;
+            let hint = if error.details().starts_with("NOPERM") {
+                " (the server's ACL denies a command sage-lock needs: every deployment needs \
+                 EVALSHA and EVAL; replicated ones also ROLE, and WAIT unless replica \
+                 acknowledgement is off; grant them to this user)"
+            } else {
+                ""
+            };
             Err(LockError::backend(
-                format!("acquiring lock {} in namespace {namespace:?}", keys.display),
+                format!(
+                    "acquiring lock {} in namespace {namespace:?}{hint}",
+                    keys.display
+                ),
                 error,
             ))
         }
@@ -506,6 +521,7 @@ async fn acquire(
 struct Granted {
     lease: Lease,
     attempts: u32,
+    granted_by: Option<fred::types::config::Server>,
 }
 
 enum Stop {
@@ -555,7 +571,7 @@ async fn acquire_loop(
             )
             .await;
         match outcome {
-            Ok((AcquireReply::Granted { fence }, Ack::Confirmed)) => {
+            Ok((AcquireReply::Granted { fence }, Ack::Confirmed, granted_by)) => {
                 let valid_until = sent + lease_duration - drift(lease_duration);
                 if Instant::now() >= valid_until {
                     return Err(Stop::Lost(LossReason::ExpiredBeforeStart));
@@ -567,7 +583,11 @@ async fn acquire_loop(
                     sent,
                     valid_until,
                 );
-                return Ok(Some(Granted { lease, attempts }));
+                return Ok(Some(Granted {
+                    lease,
+                    attempts,
+                    granted_by,
+                }));
             }
             Ok((
                 AcquireReply::Granted { .. },
@@ -575,6 +595,7 @@ async fn acquire_loop(
                     acknowledged,
                     required,
                 },
+                _,
             )) => {
                 // WAIT used up the rest of the wait: the grant cannot be trusted.
                 return Err(Stop::TimedOut(TimeoutReason::NotAcknowledged {
@@ -582,10 +603,10 @@ async fn acquire_loop(
                     required,
                 }));
             }
-            Ok((AcquireReply::Granted { .. }, Ack::NotPrimary(role))) => {
+            Ok((AcquireReply::Granted { .. }, Ack::NotPrimary(role), _)) => {
                 return Err(Stop::Lost(LossReason::RoleChanged(role)));
             }
-            Ok((AcquireReply::Busy { pttl_ms }, _)) => {
+            Ok((AcquireReply::Busy { pttl_ms }, _, _)) => {
                 if matches!(mode, Mode::Try) {
                     return Ok(None);
                 }

@@ -38,6 +38,7 @@ pub(crate) struct DedicatedPool {
 #[derive(Debug)]
 pub(crate) struct Loan {
     pub(crate) conn: Client,
+    /// Frees the pool slot when the loan ends.
     _permit: OwnedSemaphorePermit,
 }
 

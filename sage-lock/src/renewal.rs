@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use fred::types::config::Server;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -25,6 +26,8 @@ pub(crate) struct Renewal {
     pub(crate) lease_duration: Duration,
     pub(crate) replica_ack: bool,
     pub(crate) lease: Lease,
+    /// The primary that granted the lock (replicated deployments).
+    pub(crate) granted_by: Option<Server>,
 }
 
 impl Renewal {
@@ -70,6 +73,7 @@ impl Renewal {
                     self.lease_duration,
                     self.replica_ack,
                     valid_until,
+                    self.granted_by.as_ref(),
                 )
                 .await;
             match outcome {

@@ -50,7 +50,9 @@ pub(crate) fn classify(error: &Error) -> Failure {
                         .is_none_or(|c| c == ' ')
             });
             // fred reports a command it could not send (disconnected, max attempts 1) this way.
-            let unsent = details.starts_with("Failed to route") || details.contains("connection");
+            let unsent = details.starts_with("Failed to route")
+                || details.starts_with("Too many failed write attempts")
+                || details.contains("connection");
             if is_transient || unsent {
                 Failure::Transient
             } else {

@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use fred::clients::Client;
 use fred::error::{Error, ErrorKind};
 use fred::interfaces::ClientLike;
@@ -117,49 +119,43 @@ fn wait_millis(timeout: Duration) -> i64 {
 }
 
 /// Runs `script` on the primary owning `keys`' slot, in one pipeline on `conn`:
-/// `[CLIENT ID,] ROLE, EVALSHA, [WAIT n ms]`.
+/// `ROLE, EVALSHA[, WAIT n ms]`.
 ///
-/// With `wait = Some(t)`, `conn` must be a dedicated connection: `WAIT` blocks it. The number of
-/// replicas to wait for is the primary's own replica count from `ROLE`, and at least one. When the
-/// first guess of that count was too low, a second `WAIT` follows on the same connection (checked
-/// by `CLIENT ID`, so a reconnect in between cannot fake an acknowledgement).
+/// With `wait_until = Some(deadline)`, `conn` must be a dedicated connection: `WAIT` blocks it,
+/// until `deadline` at most. The number of replicas to wait for is the primary's own replica
+/// count from `ROLE`, and at least one. The first guess of that count comes from the last `ROLE`
+/// seen for the slot; when it was too low, the whole pipeline runs again with the right count
+/// (the lock scripts are idempotent for their token), so the write and its `WAIT` always travel
+/// together on one connection and a reconnect in between cannot fake an acknowledgement.
 ///
-/// Only call `WAIT`-interpretation relevant when the script wrote; callers ignore `acknowledged`
-/// otherwise.
+/// `acknowledged` is only meaningful when the script wrote.
 pub(crate) async fn run_checked(
     conn: &Client,
     hints: &ReplicaHints,
     script: &Script,
     keys: &LockKeys,
     args: Vec<Value>,
-    wait: Option<Duration>,
+    wait_until: Option<Instant>,
 ) -> Result<Checked, Error> {
     let mut use_source = false;
+    let mut rounds = 0;
     loop {
+        rounds += 1;
         let guess = hints.get(keys.slot).max(1);
         let pipeline = conn.pipeline();
-        if wait.is_some() {
-            let _: () = pipeline
-                .custom(slot_command("CLIENT", keys.slot), vec!["ID"])
-                .await?;
-        }
         let _: () = pipeline
             .custom(slot_command("ROLE", keys.slot), Vec::<Value>::new())
             .await?;
         let (cmd, cmd_args) = script.command(use_source, keys, args.clone());
         let _: () = pipeline.custom(cmd, cmd_args).await?;
-        if let Some(timeout) = wait {
-            let wait_args = vec![Value::Integer(guess), Value::Integer(wait_millis(timeout))];
+        if let Some(deadline) = wait_until {
+            let timeout = wait_millis(deadline.saturating_duration_since(Instant::now()));
+            let wait_args = vec![Value::Integer(guess), Value::Integer(timeout)];
             let _: () = pipeline
                 .custom(slot_command("WAIT", keys.slot), wait_args)
                 .await?;
         }
         let mut results = pipeline.try_all::<Value>().await.into_iter();
-        let client_id = if wait.is_some() {
-            Some(next(&mut results)?)
-        } else {
-            None
-        };
         let role = parse_role(next(&mut results)?)?;
         let reply = match next(&mut results) {
             Err(error) if is_noscript(&error) && !use_source => {
@@ -169,17 +165,17 @@ pub(crate) async fn run_checked(
             other => other?,
         };
         hints.set(keys.slot, role.replicas);
-        let Some(timeout) = wait else {
+        if wait_until.is_none() {
             return Ok(Checked {
                 reply,
                 role,
                 acknowledged: None,
             });
-        };
+        }
         let required = role.replicas.max(1);
-        let mut acknowledged = next(&mut results)?.as_i64().unwrap_or(0);
-        if acknowledged < required && guess < required {
-            acknowledged = wait_again(conn, keys.slot, client_id, required, timeout).await?;
+        let acknowledged = next(&mut results)?.as_i64().unwrap_or(0);
+        if acknowledged < required && guess < required && rounds < 3 && role.is_primary() {
+            continue;
         }
         return Ok(Checked {
             reply,
@@ -187,34 +183,6 @@ pub(crate) async fn run_checked(
             acknowledged: Some((acknowledged, required)),
         });
     }
-}
-
-async fn wait_again(
-    conn: &Client,
-    slot: u16,
-    client_id: Option<Value>,
-    required: i64,
-    timeout: Duration,
-) -> Result<i64, Error> {
-    let pipeline = conn.pipeline();
-    let _: () = pipeline
-        .custom(slot_command("CLIENT", slot), vec!["ID"])
-        .await?;
-    let wait_args = vec![
-        Value::Integer(required),
-        Value::Integer(wait_millis(timeout)),
-    ];
-    let _: () = pipeline
-        .custom(slot_command("WAIT", slot), wait_args)
-        .await?;
-    let mut results = pipeline.try_all::<Value>().await.into_iter();
-    if Some(next(&mut results)?) != client_id {
-        return Err(Error::new(
-            ErrorKind::IO,
-            "connection changed between the write and its WAIT",
-        ));
-    }
-    Ok(next(&mut results)?.as_i64().unwrap_or(0))
 }
 
 fn next(results: &mut impl Iterator<Item = Result<Value, Error>>) -> Result<Value, Error> {

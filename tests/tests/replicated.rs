@@ -1,0 +1,168 @@
+//! A primary with two replicas, configured directly (no Sentinel): the behaviour suite with
+//! replica acknowledgement on, and what replicas change: WAIT/ROLE are sent, a stopped replica
+//! blocks acquisition or loses a held lock, missing ACL permissions are named.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::Target;
+use harness::{Replicated, ServerKind};
+use sage_lock::{LockClient, LockError, LockOptions, Locks, LossReason, TimeoutReason};
+
+fn target(kind: ServerKind) -> Target {
+    Target { kind, url: harness::shared_replicated(kind).primary_url(), replicated: true, label: "replicated" }
+}
+
+macro_rules! on_both_servers {
+    ($($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            for kind in ServerKind::ALL {
+                common::$name(&target(kind)).await;
+            }
+        }
+    )*};
+}
+
+on_both_servers!(
+    mutual_exclusion,
+    timed_out_is_bounded,
+    try_lock_busy_and_free,
+    renewal_keeps_short_lease,
+    loss_when_key_deleted,
+    loss_when_key_overwritten,
+    cancellation_releases,
+    namespaces_isolate,
+    not_reentrant,
+    body_error_untouched,
+    binary_and_unicode_keys,
+    fencing_tokens_increase,
+);
+
+/// Acquisition and renewal on a replicated deployment send ROLE and WAIT; the write reaches the
+/// replicas before the body starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn role_and_wait_are_sent_and_replicas_have_the_lock() {
+    for kind in ServerKind::ALL {
+        let setup = Replicated::start(kind, 2);
+        let client = LockClient::builder().url(&setup.primary_url()).replicated(true).connect().await.expect("connect");
+        let locks: Locks<str> = client.lock_with(LockOptions::new().namespace("ack").lease(Duration::from_millis(300))).expect("opts");
+        let server_key = String::from_utf8(LockClient::server_key("ack", "k")).expect("utf8");
+        locks
+            .with_lock("k", Duration::from_secs(2), async {
+                // Acknowledged by both replicas before the body started.
+                for replica in &setup.replicas {
+                    let value = replica.cmd(&["GET", &server_key]).expect("GET on replica");
+                    assert!(!value.is_nil(), "{}: replica {} lacks the lock key", kind.name(), replica.port());
+                }
+                tokio::time::sleep(Duration::from_millis(400)).await; // at least one renewal
+            })
+            .await
+            .expect("lock");
+        let port = setup.primary.port();
+        assert!(harness::commandstats_calls(port, "role") >= 2, "{}", kind.name());
+        assert!(harness::commandstats_calls(port, "wait") >= 2, "{}", kind.name());
+        // Acknowledgement off: ROLE still, WAIT no more.
+        let waits = harness::commandstats_calls(port, "wait");
+        let fast: Locks<str> = client.lock_with(LockOptions::new().namespace("noack").replica_acknowledgement(false)).expect("opts");
+        fast.with_lock("k", Duration::from_secs(1), async {}).await.expect("lock");
+        assert_eq!(harness::commandstats_calls(port, "wait"), waits, "{}", kind.name());
+    }
+}
+
+/// A stopped replica makes an acknowledged acquisition time out without running the body; with
+/// acknowledgement off the same acquisition succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_replica_blocks_acknowledged_acquisition() {
+    for kind in ServerKind::ALL {
+        let setup = Replicated::start(kind, 2);
+        let client = LockClient::builder().url(&setup.primary_url()).replicated(true).connect().await.expect("connect");
+        let acked: Locks<str> = client.lock_with(LockOptions::new().namespace("stop-ack")).expect("opts");
+        let unacked: Locks<str> =
+            client.lock_with(LockOptions::new().namespace("stop-noack").replica_acknowledgement(false)).expect("opts");
+        acked.with_lock("k", Duration::from_secs(2), async {}).await.expect("healthy");
+        setup.replicas[1].pause();
+        let ran = AtomicBool::new(false);
+        let started = Instant::now();
+        let result = acked.with_lock("k", Duration::from_millis(500), async { ran.store(true, Ordering::SeqCst) }).await;
+        let elapsed = started.elapsed();
+        let outcome = format!("{result:?}");
+        let ok_without_ack = unacked.with_lock("k", Duration::from_secs(1), async { 3 }).await;
+        setup.replicas[1].resume();
+        match result {
+            Err(LockError::TimedOut { reason: TimeoutReason::NotAcknowledged { acknowledged: 1, required: 2 }, .. }) => {}
+            _ => panic!("{}: expected TimedOut(NotAcknowledged 1/2), got {outcome}", kind.name()),
+        }
+        assert!(!ran.load(Ordering::SeqCst), "body ran without acknowledgement");
+        assert!(elapsed < Duration::from_millis(500 + 1500), "took {elapsed:?}");
+        assert_eq!(ok_without_ack.expect("ack off ignores the stopped replica"), 3);
+        // The lock was released again after the failed acknowledgement.
+        let again = acked.with_lock("k", Duration::from_secs(5), async { 4 }).await;
+        assert_eq!(again.expect("after resume"), 4);
+        println!("{}: stopped replica -> TimedOut after {elapsed:?} (wait 500ms)", kind.name());
+    }
+}
+
+/// A replica that stalls while a lock is held makes renewal unacknowledged: the holder gets
+/// `LockLost` once the usable lease runs out, and its body is cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_replica_loses_held_lock() {
+    for kind in ServerKind::ALL {
+        let setup = Replicated::start(kind, 1);
+        let client = LockClient::builder().url(&setup.primary_url()).replicated(true).connect().await.expect("connect");
+        let lease = Duration::from_millis(600);
+        let locks: Locks<str> = client.lock_with(LockOptions::new().namespace("stall").lease(lease)).expect("opts");
+        let finished = AtomicBool::new(false);
+        let mut stalled_at = None;
+        let result = locks
+            .with_lock("k", Duration::from_secs(2), async {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                setup.replicas[0].pause();
+                stalled_at = Some(Instant::now());
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                finished.store(true, Ordering::SeqCst);
+            })
+            .await;
+        setup.replicas[0].resume();
+        let detected_after = stalled_at.map(|t| t.elapsed());
+        match result {
+            Err(LockError::LockLost { reason: LossReason::NotAcknowledged { .. }, .. }) => {}
+            other => panic!("{}: expected LockLost(NotAcknowledged), got {other:?}", kind.name()),
+        }
+        assert!(!finished.load(Ordering::SeqCst));
+        let detected_after = detected_after.unwrap_or_default();
+        assert!(detected_after <= lease + Duration::from_millis(500), "{}: detected after {detected_after:?}", kind.name());
+        println!("{}: stalled replica -> LockLost {detected_after:?} after the stall (lease {lease:?})", kind.name());
+    }
+}
+
+/// A user without permission for ROLE or WAIT gets an error that names the command and the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_acl_permissions_are_named() {
+    for kind in ServerKind::ALL {
+        let setup = &harness::shared_replicated(kind);
+        let port = setup.primary.port();
+        for (user, denied) in [("norole", "-role"), ("nowait", "-wait")] {
+            setup.primary.cmd_ok(&["ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", denied]);
+            let url = format!("redis://{user}:pw@127.0.0.1:{port}");
+            let client = LockClient::builder().url(&url).replicated(true).connect().await.expect("connect");
+            let locks: Locks<str> = client.lock_with(LockOptions::new().namespace(format!("acl-{user}"))).expect("opts");
+            let result = locks.with_lock("k", Duration::from_secs(1), async {}).await;
+            let Err(error @ LockError::Backend { .. }) = result else {
+                panic!("{}: {user} locked anyway: {result:?}", kind.name());
+            };
+            let text = error.to_string();
+            let command = &denied[1..];
+            assert!(text.contains("NOPERM") && text.to_lowercase().contains(command), "{text}");
+            assert!(text.contains("grant them"), "{text}");
+            if user == "nowait" {
+                let relaxed: Locks<str> = client
+                    .lock_with(LockOptions::new().namespace("acl-relaxed").replica_acknowledgement(false))
+                    .expect("opts");
+                relaxed.with_lock("k", Duration::from_secs(1), async {}).await.expect("ROLE alone is allowed");
+            }
+        }
+    }
+}

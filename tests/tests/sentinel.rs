@@ -1,0 +1,79 @@
+//! A primary with two replicas behind three Sentinels: the behaviour suite through a
+//! `redis-sentinel://` URL, and a failover while a lock is held.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Target;
+use harness::{SentinelSetup, ServerKind};
+use sage_lock::{Deployment, LockClient, LockError, LockOptions, Locks};
+
+fn target(kind: ServerKind) -> Target {
+    Target { kind, url: harness::shared_sentinel(kind).url(), replicated: false, label: "sentinel" }
+}
+
+macro_rules! on_both_servers {
+    ($($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            for kind in ServerKind::ALL {
+                common::$name(&target(kind)).await;
+            }
+        }
+    )*};
+}
+
+on_both_servers!(
+    mutual_exclusion,
+    timed_out_is_bounded,
+    try_lock_busy_and_free,
+    renewal_keeps_short_lease,
+    loss_when_key_deleted,
+    cancellation_releases,
+    not_reentrant,
+    binary_and_unicode_keys,
+    fencing_tokens_increase,
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_url_is_a_replicated_deployment() {
+    let client = target(ServerKind::Redis).client().await;
+    assert_eq!(client.deployment(), Deployment::Replicated);
+}
+
+/// `SENTINEL FAILOVER` while a lock is held: the holder gets `LockLost` and its body is cancelled;
+/// new acquisitions succeed on the new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_loses_held_lock_then_new_primary_serves() {
+    for kind in ServerKind::ALL {
+        let setup = SentinelSetup::start(kind);
+        let old_primary = setup.current_primary_port();
+        let client = LockClient::connect(&setup.url()).await.expect("connect through sentinel");
+        let lease = Duration::from_secs(1);
+        let locks: Locks<str> = client.lock_with(LockOptions::new().namespace("failover").lease(lease)).expect("opts");
+        let mut failover_at = None;
+        let result = locks
+            .with_lock("k", Duration::from_secs(5), async {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                setup.sentinels[0].cmd_ok(&["SENTINEL", "FAILOVER", harness::SENTINEL_SERVICE]);
+                failover_at = Some(Instant::now());
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                "body finished"
+            })
+            .await;
+        let detected = failover_at.map(|t| t.elapsed()).unwrap_or_default();
+        let Err(LockError::LockLost { ref reason, .. }) = result else {
+            panic!("{}: expected LockLost after failover, got {result:?}", kind.name());
+        };
+        println!("{}: sentinel failover -> LockLost after {detected:?}: {reason}", kind.name());
+        assert!(detected < Duration::from_secs(10), "{}: detection took {detected:?}", kind.name());
+        let new_primary = setup.wait_for_failover(old_primary, Duration::from_secs(20)).expect("failover completes");
+        assert_ne!(new_primary, old_primary);
+        let started = Instant::now();
+        let value = locks.with_lock("k", Duration::from_secs(20), async { 9 }).await;
+        assert_eq!(value.expect("acquire on the new primary"), 9, "{}", kind.name());
+        println!("{}: first acquisition after failover took {:?}", kind.name(), started.elapsed());
+        assert!(harness::commandstats_calls(new_primary, "evalsha") + harness::commandstats_calls(new_primary, "eval") > 0);
+    }
+}
