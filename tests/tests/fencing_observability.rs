@@ -1,0 +1,249 @@
+//! Fencing tokens across processes and pauses, and the tracing events and metrics a service can
+//! export, on standalone Redis and Valkey.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use harness::ServerKind;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use sage_lock::fred::interfaces::{KeysInterface, LuaInterface};
+use sage_lock::{LockClient, LockError, LockOptions, Locks};
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+use tracing_subscriber::layer::SubscriberExt as _;
+
+const STORE: &str = include_str!("../src/lua/fenced_store.lua");
+
+/// Several processes take turns on one key: every acquisition's token is unique, they form one
+/// contiguous run (one increment per acquisition), and each process sees its own rise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_strictly_increase_across_processes() {
+    for kind in ServerKind::ALL {
+        let url = harness::shared(kind).url();
+        let ns = format!("fence-procs-{}", rand::random::<u32>());
+        let mut children = Vec::new();
+        for _ in 0..3 {
+            children.push(
+                tokio::process::Command::new(env!("CARGO_BIN_EXE_fence_worker"))
+                    .args([&url, &ns, "shared", "15"])
+                    .stdout(Stdio::piped())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .expect("spawn fence_worker"),
+            );
+        }
+        let mut all = BTreeSet::new();
+        for child in children {
+            let out = child.wait_with_output().await.expect("worker output");
+            assert!(out.status.success(), "{}: worker failed: {out:?}", kind.name());
+            let tokens: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter_map(|l| l.strip_prefix("token ").and_then(|t| t.parse().ok()))
+                .collect();
+            assert_eq!(tokens.len(), 15, "{}", kind.name());
+            assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{}: not increasing: {tokens:?}", kind.name());
+            for token in tokens {
+                assert!(all.insert(token), "{}: token {token} handed out twice", kind.name());
+            }
+        }
+        let (first, last) = (all.first().copied().unwrap_or(0), all.last().copied().unwrap_or(0));
+        assert_eq!(last - first + 1, 45, "{}: tokens not one contiguous run", kind.name());
+    }
+}
+
+/// A holder paused (SIGSTOP) past its lease comes back with a token lower than the current
+/// holder's; the toy store that checks tokens rejects its late write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_holder_is_fenced_off() {
+    for kind in ServerKind::ALL {
+        let url = harness::shared(kind).url();
+        let ns = format!("fence-pause-{}", rand::random::<u32>());
+        let prefix = format!("store-{}", rand::random::<u32>());
+        let lease = Duration::from_millis(400);
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fenced_writer"))
+            .args([&url, &ns, "acct", &lease.as_millis().to_string(), &prefix, "stale"])
+            .stdout(Stdio::piped())
+            .stdin(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn fenced_writer");
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let line = lines.next_line().await.expect("read").expect("acquired line");
+        let stale: u64 = line.strip_prefix("acquired ").and_then(|t| t.parse().ok()).expect("token");
+        let pid = child.id().expect("pid").to_string();
+        signal(&pid, "-STOP");
+        tokio::time::sleep(lease * 2).await;
+
+        let client = LockClient::connect(&url).await.expect("connect");
+        let locks: Locks<str> = client.lock_with(LockOptions::new().namespace(ns.as_str())).expect("opts");
+        let store_keys = vec![format!("{prefix}:data"), format!("{prefix}:highest"), format!("{prefix}:rejected")];
+        let fresh = locks
+            .with_lock("acct", Duration::from_secs(5), async {
+                let token = sage_lock::current_lease().expect("lease").fencing_token();
+                let accepted: i64 = client
+                    .fred()
+                    .eval(STORE, store_keys.clone(), vec![token.to_string(), "fresh".to_owned()])
+                    .await
+                    .expect("store write");
+                assert_eq!(accepted, 1);
+                token
+            })
+            .await
+            .expect("the paused holder's lease expired");
+        assert!(fresh > stale, "{}: new token {fresh} not above the paused holder's {stale}", kind.name());
+
+        signal(&pid, "-CONT");
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(b"go\n").await.expect("resume writer");
+        drop(stdin);
+        let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+        let rejected: Option<i64> = client.fred().get(format!("{prefix}:rejected")).await.expect("GET");
+        let data: Option<String> = client.fred().get(format!("{prefix}:data")).await.expect("GET");
+        assert_eq!(rejected, Some(1), "{}: the stale write was not rejected", kind.name());
+        assert_eq!(data.as_deref(), Some("fresh"), "{}: the stale holder overwrote fresh data", kind.name());
+    }
+}
+
+fn signal(pid: &str, sig: &str) {
+    let status = std::process::Command::new("kill").args([sig, pid]).status().expect("kill");
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+/// Captured tracing events: (level, message, fields of the event and its spans).
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<String>>>);
+
+struct CaptureLayer(Captured);
+
+struct Fields(String);
+
+impl tracing::field::Visit for Fields {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!(" {}={:?}", field.name(), value));
+    }
+}
+
+impl<S> tracing_subscriber::Layer<S> for CaptureLayer
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_new_span(&self, attrs: &tracing::span::Attributes<'_>, id: &tracing::span::Id, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        let mut fields = Fields(String::new());
+        attrs.record(&mut fields);
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(fields);
+        }
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        if !event.metadata().target().starts_with("sage_lock") {
+            return;
+        }
+        let mut fields = Fields(format!("{}", event.metadata().level()));
+        event.record(&mut fields);
+        if let Some(scope) = ctx.event_scope(event) {
+            for span in scope {
+                if let Some(span_fields) = span.extensions().get::<Fields>() {
+                    fields.0.push_str(&span_fields.0);
+                }
+            }
+        }
+        if let Ok(mut events) = (self.0).0.lock() {
+            events.push(fields.0);
+        }
+    }
+}
+
+fn observers() -> &'static (Captured, Snapshotter) {
+    static OBSERVERS: OnceLock<(Captured, Snapshotter)> = OnceLock::new();
+    OBSERVERS.get_or_init(|| {
+        let captured = Captured::default();
+        let subscriber = tracing_subscriber::registry()
+            .with(CaptureLayer(captured.clone()))
+            .with(tracing_subscriber::filter::LevelFilter::TRACE);
+        tracing::subscriber::set_global_default(subscriber).expect("one global subscriber");
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder.install().expect("one global recorder");
+        (captured, snapshotter)
+    })
+}
+
+type Sample = (metrics_util::CompositeKey, Option<metrics::Unit>, Option<metrics::SharedString>, DebugValue);
+
+/// Sum of `name` for `namespace` in one snapshot (taking a snapshot resets the recorder).
+fn counter(snapshot: &[Sample], name: &str, namespace: &str) -> u64 {
+    snapshot
+        .iter()
+        .filter(|(key, _, _, _)| {
+            key.key().name() == name && key.key().labels().any(|l| l.key() == "namespace" && l.value() == namespace)
+        })
+        .map(|(_, _, _, value)| match value {
+            DebugValue::Counter(n) => *n,
+            DebugValue::Histogram(samples) => samples.len() as u64,
+            DebugValue::Gauge(_) => 0,
+        })
+        .sum()
+}
+
+/// Acquire, busy retry, renew, release, timeout and loss each emit a tracing event carrying the
+/// key and namespace, and count in the metrics facade and in `LockClient::stats`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_and_metrics_fire() {
+    let (captured, snapshotter) = observers();
+    for kind in ServerKind::ALL {
+        let client = LockClient::connect(&harness::shared(kind).url()).await.expect("connect");
+        let ns = format!("observed-{}", rand::random::<u32>());
+        let locks: Locks<str> =
+            client.lock_with(LockOptions::new().namespace(ns.as_str()).lease(Duration::from_millis(90))).expect("opts");
+        // acquire + renewals + release
+        locks.with_lock("obs", Duration::from_secs(1), tokio::time::sleep(Duration::from_millis(200))).await.expect("lock");
+        // busy retries + timeout
+        let timed_out = locks
+            .with_lock("obs", Duration::from_secs(1), async {
+                locks.with_lock("obs", Duration::from_millis(100), async {}).await
+            })
+            .await
+            .expect("outer");
+        assert!(matches!(timed_out, Err(LockError::TimedOut { .. })));
+        // loss
+        let server_key = LockClient::server_key(&ns, "obs");
+        let lost = locks
+            .with_lock("obs", Duration::from_secs(1), async {
+                let _: i64 = client.fred().del(sage_lock::fred::types::Key::from(&server_key[..])).await.expect("DEL");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            })
+            .await;
+        assert!(matches!(lost, Err(LockError::LockLost { .. })), "{lost:?}");
+
+        let events: Vec<String> = captured.0.lock().map(|e| e.clone()).unwrap_or_default();
+        let mine: Vec<&String> = events.iter().filter(|e| e.contains(&ns)).collect();
+        for wanted in ["lock acquired", "lease renewed", "lock released", "timed out", "lock lost"] {
+            assert!(
+                mine.iter().any(|e| e.contains(wanted) && e.contains("key=obs")),
+                "{}: no `{wanted}` event with key and namespace among {mine:#?}",
+                kind.name()
+            );
+        }
+        let snapshot: Vec<Sample> = snapshotter.snapshot().into_vec();
+        for (metric, at_least) in [
+            ("sage_lock_acquisitions_total", 3),
+            ("sage_lock_busy_retries_total", 1),
+            ("sage_lock_timeouts_total", 1),
+            ("sage_lock_renewals_total", 2),
+            ("sage_lock_losses_total", 1),
+            ("sage_lock_releases_total", 2),
+            ("sage_lock_wait_seconds", 3),
+            ("sage_lock_hold_seconds", 3),
+        ] {
+            let value = counter(&snapshot, metric, &ns);
+            assert!(value >= at_least, "{}: {metric} = {value}, expected >= {at_least}", kind.name());
+        }
+        let stats = client.stats();
+        assert_eq!((stats.acquisitions, stats.timeouts, stats.losses), (3, 1, 1), "{stats:?}");
+        assert!(stats.renewals >= 2 && stats.busy_retries >= 1, "{stats:?}");
+    }
+}
