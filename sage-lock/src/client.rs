@@ -19,7 +19,7 @@ use crate::error::LockError;
 use crate::key::{KeyCodec, LockKeys};
 use crate::locks::{LockOptions, Locks};
 use crate::observe::{LockStats, Stats};
-use crate::pool::{DedicatedPool, PoolError, close_in_background};
+use crate::pool::{DedicatedConnection, DedicatedPool, PoolError, close_in_background};
 use crate::scripts::{AcquireReply, Script, Scripts, is_noscript, parse_acquire, parse_flag};
 use crate::topology::{Checked, Deployment, ReplicaHints, run_checked};
 
@@ -173,6 +173,32 @@ impl LockClient {
         let mut encoded = Vec::new();
         key.encode_key(&mut encoded);
         LockKeys::new(namespace, &encoded).lock
+    }
+
+    /// Borrows a connection from the dedicated pool (shared with replica-acknowledged lock
+    /// operations), waiting at most `timeout` for a free one.
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] when no connection became free within `timeout`, or connecting
+    /// failed.
+    pub async fn dedicated_connection(
+        &self,
+        timeout: Duration,
+    ) -> Result<DedicatedConnection, LockError> {
+        match self.inner.pool.take(Instant::now() + timeout).await {
+            Ok(loan) => Ok(DedicatedConnection::new(loan, Arc::downgrade(&self.inner))),
+            Err(PoolError::Exhausted) => Err(LockError::backend(
+                format!(
+                    "all {} dedicated connections stayed busy for {timeout:?}; raise max_connections",
+                    self.inner.pool.max_connections()
+                ),
+                Error::new(fred::error::ErrorKind::Timeout, "dedicated pool exhausted"),
+            )),
+            Err(PoolError::Connect(error)) => Err(LockError::backend(
+                "could not open a dedicated connection",
+                error,
+            )),
+        }
     }
 
     /// Closes the shared and dedicated connections. Locks still held expire with their lease.

@@ -59,6 +59,7 @@ pub use key::KeyCodec;
 pub use lease::{Lease, current_lease};
 pub use locks::{LockOptions, Locks, MIN_LEASE, RELEASE_TIMEOUT, TRY_LOCK_RETRY_WINDOW};
 pub use observe::LockStats;
+pub use pool::DedicatedConnection;
 pub use sage_lock_macros::locked;
 pub use topology::Deployment;
 

@@ -212,17 +212,93 @@ impl<T: ClientArg + ?Sized> ClientArg for &mut T {
     }
 }
 
-/// Never called: gives the body's `async` block its declared output type before the body is
-/// type-checked (`if false { return fake_return::<R>(); }`).
-#[must_use]
-pub fn fake_return<R>() -> R {
-    unreachable!("sage_lock::__private::fake_return is only named, never called")
+/// How a default-mode `#[locked]` function turns a failed acquisition into its return value.
+///
+/// Made by [`lock_shape`], the one place where the return type is checked, so that a wrong
+/// return type is reported once, at the return type.
+pub struct Shape<R> {
+    on_error: fn(LockError) -> R,
 }
 
-/// Never called: like [`fake_return`], for the body of a `try_lock` function.
+impl<R> Clone for Shape<R> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<R> Copy for Shape<R> {}
+
+impl<R> fmt::Debug for Shape<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Shape")
+    }
+}
+
+impl<R> Shape<R> {
+    /// Never called: names the body's type for `if false { return shape.fake_return(); }`,
+    /// which gives the body's `async` block its declared output type before the body is checked.
+    #[must_use]
+    pub fn fake_return(self) -> R {
+        unreachable!("sage_lock::__private::Shape::fake_return is only named, never called")
+    }
+}
+
+/// Checks the return type of a default-mode `#[locked]` function: `Result<T, E>` with
+/// `E: From<LockError>`.
 #[must_use]
-pub fn fake_body<R: TryLockReturn>() -> R::Body {
-    unreachable!("sage_lock::__private::fake_body is only named, never called")
+pub fn lock_shape<R>() -> Shape<R>
+where
+    R: LockedReturn,
+    R::Error: FromLockError,
+{
+    Shape {
+        on_error: |error| R::from_error(FromLockError::from_lock_error(error)),
+    }
+}
+
+/// How a `try_lock` function turns the outcomes into its return value `R`, whose body evaluates
+/// to `B`. Made by [`try_lock_shape`], the one place where the return type is checked.
+pub struct TryShape<R, B> {
+    busy: fn() -> R,
+    finished: fn(B) -> R,
+    on_error: fn(LockError) -> R,
+}
+
+impl<R, B> Clone for TryShape<R, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<R, B> Copy for TryShape<R, B> {}
+
+impl<R, B> fmt::Debug for TryShape<R, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TryShape")
+    }
+}
+
+impl<R, B> TryShape<R, B> {
+    /// Never called: like [`Shape::fake_return`], with the body's type `B`.
+    #[must_use]
+    pub fn fake_body(self) -> B {
+        unreachable!("sage_lock::__private::TryShape::fake_body is only named, never called")
+    }
+}
+
+/// Checks the return type of a `try_lock` function: `Result<Option<T>, E>` with
+/// `E: From<LockError>`; its body evaluates to `Result<T, E>`.
+#[must_use]
+pub fn try_lock_shape<R>() -> TryShape<R, R::Body>
+where
+    R: TryLockReturn,
+    R::Error: FromLockError,
+{
+    TryShape {
+        busy: R::busy,
+        finished: R::finished,
+        on_error: |error| R::from_error(FromLockError::from_lock_error(error)),
+    }
 }
 
 async fn family(
@@ -236,9 +312,10 @@ async fn family(
     client.lock_with::<[u8]>(options)
 }
 
-/// Default mode: wait up to `wait` for the lock on `key`, run `body`, release. A failed
-/// acquisition becomes `Err(E::from(error))`.
+/// Default mode: wait up to `wait` for the lock on `key` (the global client unless `client` is
+/// given), run `body`, release. A failed acquisition becomes `Err(E::from(error))`.
 pub async fn with_lock<R, F>(
+    shape: Shape<R>,
     client: Option<LockClient>,
     key: Vec<u8>,
     options: LockOptions,
@@ -246,40 +323,38 @@ pub async fn with_lock<R, F>(
     body: F,
 ) -> R
 where
-    R: LockedReturn,
-    R::Error: FromLockError,
     F: Future<Output = R>,
 {
     let locks = match family(client, options).await {
         Ok(locks) => locks,
-        Err(error) => return R::from_error(FromLockError::from_lock_error(error)),
+        Err(error) => return (shape.on_error)(error),
     };
     match locks.with_lock(&key[..], wait, body).await {
         Ok(output) => output,
-        Err(error) => R::from_error(FromLockError::from_lock_error(error)),
+        Err(error) => (shape.on_error)(error),
     }
 }
 
-/// `try_lock` mode: run `body` under the lock on `key` if it is free now; `Ok(None)` when busy.
-pub async fn try_with_lock<R, F>(
+/// `try_lock` mode: run `body` under the lock on `key` if it is free now; `Ok(None)` when busy
+/// (the body is not run).
+pub async fn try_with_lock<R, B, F>(
+    shape: TryShape<R, B>,
     client: Option<LockClient>,
     key: Vec<u8>,
     options: LockOptions,
     body: F,
 ) -> R
 where
-    R: TryLockReturn,
-    R::Error: FromLockError,
-    F: Future<Output = R::Body>,
+    F: Future<Output = B>,
 {
     let locks = match family(client, options).await {
         Ok(locks) => locks,
-        Err(error) => return R::from_error(FromLockError::from_lock_error(error)),
+        Err(error) => return (shape.on_error)(error),
     };
     match locks.try_with_lock(&key[..], body).await {
-        Ok(Some(output)) => R::finished(output),
-        Ok(None) => R::busy(),
-        Err(error) => R::from_error(FromLockError::from_lock_error(error)),
+        Ok(Some(output)) => (shape.finished)(output),
+        Ok(None) => (shape.busy)(),
+        Err(error) => (shape.on_error)(error),
     }
 }
 
@@ -314,6 +389,27 @@ mod tests {
         assert_eq!(encode_key(&42_u64), b"42");
         assert_eq!(encode_key("a:b"), b"a:b");
         assert_eq!(encode_key(&&String::from("x")), b"x");
+    }
+
+    #[test]
+    fn shapes_convert_outcomes() {
+        #[derive(Debug, PartialEq)]
+        struct Wrapped(String);
+        impl From<LockError> for Wrapped {
+            fn from(error: LockError) -> Self {
+                Wrapped(error.to_string())
+            }
+        }
+        let error = || LockError::InvalidArgument {
+            argument: "wait_timeout",
+            message: "test".into(),
+        };
+        let shape = lock_shape::<Result<u8, Wrapped>>();
+        assert!(matches!((shape.on_error)(error()), Err(Wrapped(text)) if text.contains("test")));
+        let shape = try_lock_shape::<Result<Option<u8>, Wrapped>>();
+        assert_eq!((shape.busy)(), Ok(None));
+        assert_eq!((shape.finished)(Ok(3)), Ok(Some(3)));
+        assert!((shape.on_error)(error()).is_err());
     }
 
     #[test]

@@ -110,6 +110,62 @@ impl DedicatedPool {
     }
 }
 
+/// A dedicated connection borrowed from a [`LockClient`](crate::LockClient)'s pool for blocking
+/// work of your own (`WAIT`, `BLPOP`, `MULTI`/`EXEC`, ...). It counts against
+/// `max_connections` together with replica-acknowledged lock operations, and goes back to the
+/// pool when dropped. Dereferences to a fred [`Client`].
+///
+/// Leave it idle before dropping it: a connection dropped while a blocking command is still
+/// running should be closed instead, with [`DedicatedConnection::discard`].
+#[derive(Debug)]
+pub struct DedicatedConnection {
+    conn: Client,
+    /// The pool slot; `None` once discarded.
+    permit: Option<OwnedSemaphorePermit>,
+    client: std::sync::Weak<crate::client::ClientInner>,
+}
+
+impl DedicatedConnection {
+    pub(crate) fn new(loan: Loan, client: std::sync::Weak<crate::client::ClientInner>) -> Self {
+        DedicatedConnection {
+            conn: loan.conn,
+            permit: Some(loan._permit),
+            client,
+        }
+    }
+
+    /// Closes the connection instead of returning it to the pool.
+    pub fn discard(mut self) {
+        self.permit = None;
+        close_in_background(self.conn.clone());
+    }
+}
+
+impl std::ops::Deref for DedicatedConnection {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.conn
+    }
+}
+
+impl Drop for DedicatedConnection {
+    fn drop(&mut self) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        match self.client.upgrade() {
+            Some(inner) if self.conn.is_connected() => {
+                inner.pool.put_back(Loan {
+                    conn: self.conn.clone(),
+                    _permit: permit,
+                });
+            }
+            _ => close_in_background(self.conn.clone()),
+        }
+    }
+}
+
 /// Closes a connection whose state is unknown (e.g. a `WAIT` may still block it).
 pub(crate) fn close_in_background(conn: Client) {
     if let Ok(handle) = tokio::runtime::Handle::try_current() {

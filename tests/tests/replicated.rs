@@ -166,3 +166,27 @@ async fn missing_acl_permissions_are_named() {
         }
     }
 }
+
+/// Dedicated connections are shared with the caller's own blocking work: while the only one is
+/// borrowed, an acknowledged acquisition waits for it and times out naming the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_pool_delays_acknowledged_acquisition() {
+    let kind = ServerKind::Redis;
+    let client = LockClient::builder()
+        .url(&harness::shared_replicated(kind).primary_url())
+        .replicated(true)
+        .max_connections(1)
+        .connect()
+        .await
+        .expect("connect");
+    let locks: Locks<str> = client.lock_with(LockOptions::new().namespace("pool")).expect("opts");
+    locks.with_lock("k", Duration::from_secs(1), async {}).await.expect("pool free");
+    let borrowed = client.dedicated_connection(Duration::from_secs(1)).await.expect("borrow");
+    let result = locks.with_lock("k", Duration::from_millis(300), async {}).await;
+    assert!(
+        matches!(result, Err(LockError::TimedOut { reason: TimeoutReason::PoolExhausted { max_connections: 1 }, .. })),
+        "{result:?}"
+    );
+    drop(borrowed);
+    locks.with_lock("k", Duration::from_secs(1), async {}).await.expect("pool free again");
+}

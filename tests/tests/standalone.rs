@@ -136,3 +136,18 @@ async fn crashed_holder_expires_after_lease() {
         assert!(waited <= lease + Duration::from_millis(700), "{}: waited {waited:?}", kind.name());
     }
 }
+
+/// `with_lock` and `try_with_lock` futures are `Send` when the body is, so they can be spawned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_futures_are_send() {
+    fn assert_send<T: Send + 'static>(value: T) -> T {
+        value
+    }
+    let client = Target::standalone(ServerKind::Redis).client().await;
+    let locks: Locks<String> = client.lock();
+    let key = String::from("send-check");
+    let waiting = assert_send(locks.with_lock(key.as_str(), Duration::from_secs(1), async { 1 }));
+    assert_eq!(tokio::spawn(waiting).await.expect("join").expect("lock"), 1);
+    let trying = assert_send(locks.try_with_lock(key.as_str(), async { 2 }));
+    assert_eq!(tokio::spawn(trying).await.expect("join").expect("lock"), Some(2));
+}
