@@ -1,0 +1,62 @@
+//! Test harness of sage-lock: REAL `redis-server` / `valkey-server` processes on free loopback ports.
+//!
+//! - Every server runs in its own temp dir with no persistence (`save ""`, `appendonly no`), bound to
+//!   127.0.0.1 on a random free port (never a fixed one), and is killed when its [`Server`] drops.
+//!   A watchdog also kills it (and removes its dir) when the test process ends in any way, so the
+//!   `shared*` servers, which live in statics and are never dropped, do not outlive the test binary.
+//! - Binaries: `$SAGE_LOCK_REDIS_SERVER` / `$SAGE_LOCK_VALKEY_SERVER`, else `PATH`, else
+//!   `<workspace>/.tools/bin/`. A missing binary is a test failure telling to run
+//!   `bash scripts/setup.sh`; nothing is ever skipped.
+//! - [`cmd`] is a blocking raw-RESP client for admin commands, no async runtime needed.
+//!
+//! Topologies: [`Server`] (standalone), [`Replicated`] (primary + replicas), [`SentinelSetup`]
+//! (+ 3 Sentinels, service `mymaster`), [`Cluster`] (3 primaries + 3 replicas). The `shared*`
+//! functions start one of each per kind per test binary, lazily; tests that kill, pause or
+//! reconfigure servers must start their own instead.
+
+mod resp;
+mod server;
+mod topology;
+
+use std::sync::OnceLock;
+
+pub use resp::{
+    DEFAULT_TIMEOUT, RawConn, Reply, cmd, cmd_ok, cmd_timeout, commandstats_calls, info,
+    info_field, parse_info_field, read_reply,
+};
+pub use server::{
+    POLL, SETUP_HINT, START_TIMEOUT, Server, ServerConfig, ServerKind, workspace_root,
+};
+pub use topology::{
+    CLUSTER_NODE_TIMEOUT_MS, Cluster, ClusterNodeInfo, Replicated, SENTINEL_DOWN_AFTER_MS,
+    SENTINEL_FAILOVER_TIMEOUT_MS, SENTINEL_SERVICE, SLOTS, SentinelSetup, cluster_nodes, key_slot,
+    launch_all, parse_cluster_nodes, slot_owner, wait_until,
+};
+
+const KINDS: usize = ServerKind::ALL.len();
+
+/// A standalone server shared by all tests of this test binary (started on first use).
+/// Do not kill, pause or reconfigure it; use unique keys.
+pub fn shared(kind: ServerKind) -> &'static Server {
+    static SHARED: [OnceLock<Server>; KINDS] = [const { OnceLock::new() }; KINDS];
+    SHARED[kind.index()].get_or_init(|| Server::start(kind))
+}
+
+/// A primary with 2 replicas shared by all tests of this test binary (started on first use).
+pub fn shared_replicated(kind: ServerKind) -> &'static Replicated {
+    static SHARED: [OnceLock<Replicated>; KINDS] = [const { OnceLock::new() }; KINDS];
+    SHARED[kind.index()].get_or_init(|| Replicated::start(kind, 2))
+}
+
+/// A [`SentinelSetup`] shared by all tests of this test binary (started on first use).
+/// Do not fail it over; start your own for failover tests.
+pub fn shared_sentinel(kind: ServerKind) -> &'static SentinelSetup {
+    static SHARED: [OnceLock<SentinelSetup>; KINDS] = [const { OnceLock::new() }; KINDS];
+    SHARED[kind.index()].get_or_init(|| SentinelSetup::start(kind))
+}
+
+/// A [`Cluster`] shared by all tests of this test binary (started on first use).
+pub fn shared_cluster(kind: ServerKind) -> &'static Cluster {
+    static SHARED: [OnceLock<Cluster>; KINDS] = [const { OnceLock::new() }; KINDS];
+    SHARED[kind.index()].get_or_init(|| Cluster::start(kind))
+}

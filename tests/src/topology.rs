@@ -1,0 +1,706 @@
+//! Multi-process topologies: primary + replicas, Sentinel, Cluster.
+
+use std::panic;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::resp::{self, Reply, cmd_timeout, info_timeout, parse_info_field};
+use crate::server::{POLL, START_TIMEOUT, Server, ServerConfig, ServerKind};
+
+/// The Sentinel service name of every [`SentinelSetup`].
+pub const SENTINEL_SERVICE: &str = "mymaster";
+/// Sentinel `down-after-milliseconds`.
+pub const SENTINEL_DOWN_AFTER_MS: u64 = 1000;
+/// Sentinel `failover-timeout`.
+pub const SENTINEL_FAILOVER_TIMEOUT_MS: u64 = 3000;
+/// `cluster-node-timeout` of every [`Cluster`] node.
+pub const CLUSTER_NODE_TIMEOUT_MS: u64 = 2000;
+/// Number of hash slots.
+pub const SLOTS: u16 = 16384;
+
+/// Timeout of the harness' own probes, so a paused server delays them instead of hanging them.
+const PROBE: Duration = Duration::from_secs(1);
+
+/// Polls `check` every 20 ms until it returns `Ok`, or returns its last error after `timeout`.
+pub fn wait_until(
+    timeout: Duration,
+    mut check: impl FnMut() -> Result<(), String>,
+) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check() {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() >= deadline => return Err(format!("after {timeout:?}: {e}")),
+            Err(_) => thread::sleep(POLL),
+        }
+    }
+}
+
+/// Launches `configs` in parallel threads; re-raises the first panic after all threads end
+/// (servers that did start are then dropped, i.e. killed).
+pub fn launch_all(configs: Vec<ServerConfig>) -> Vec<Server> {
+    let results: Vec<thread::Result<Server>> = thread::scope(|s| {
+        let handles: Vec<_> = configs
+            .into_iter()
+            .map(|c| s.spawn(move || Server::launch(c)))
+            .collect();
+        handles.into_iter().map(|h| h.join()).collect()
+    });
+    let mut servers = Vec::with_capacity(results.len());
+    let mut first_panic = None;
+    for result in results {
+        match result {
+            Ok(server) => servers.push(server),
+            Err(payload) => {
+                first_panic.get_or_insert(payload);
+            }
+        }
+    }
+    if let Some(payload) = first_panic {
+        drop(servers);
+        panic::resume_unwind(payload);
+    }
+    servers
+}
+
+fn info(port: u16, section: &str) -> Result<String, String> {
+    info_timeout(port, section, PROBE)
+}
+
+fn field(info: &str, name: &str, port: u16) -> Result<String, String> {
+    parse_info_field(info, name).ok_or_else(|| format!("no {name} in INFO of port {port}"))
+}
+
+fn describe_all<'a>(servers: impl IntoIterator<Item = &'a Server>) -> String {
+    servers
+        .into_iter()
+        .map(Server::describe)
+        .collect::<Vec<_>>()
+        .join("\n---\n")
+}
+
+/// A primary and its replicas (configured with `replicaof` in their config files, so a restarted
+/// replica follows the primary again).
+#[derive(Debug)]
+pub struct Replicated {
+    pub primary: Server,
+    pub replicas: Vec<Server>,
+}
+
+impl Replicated {
+    /// Starts a primary and `replicas` replicas and waits until every replica is online.
+    ///
+    /// # Panics
+    /// When a server does not start or replication is not up within 20 s.
+    pub fn start(kind: ServerKind, replicas: usize) -> Replicated {
+        let primary = Server::start(kind);
+        let configs = (0..replicas)
+            .map(|_| {
+                ServerConfig::new(kind).conf_line(format!("replicaof 127.0.0.1 {}", primary.port()))
+            })
+            .collect();
+        let replicas = launch_all(configs);
+        let setup = Replicated { primary, replicas };
+        if let Err(e) = setup.wait_synced(START_TIMEOUT) {
+            panic!(
+                "{kind} replication did not come up: {e}\n{}",
+                describe_all(setup.servers())
+            );
+        }
+        setup
+    }
+
+    /// `redis://127.0.0.1:PRIMARY_PORT`.
+    pub fn primary_url(&self) -> String {
+        self.primary.url()
+    }
+
+    /// Primary first, then the replicas.
+    pub fn servers(&self) -> impl Iterator<Item = &Server> {
+        std::iter::once(&self.primary).chain(self.replicas.iter())
+    }
+
+    /// The server listening on `port`, if it is part of this setup.
+    pub fn server(&self, port: u16) -> Option<&Server> {
+        self.servers().find(|s| s.port() == port)
+    }
+
+    /// Waits until every replica has `master_link_status:up` to [`Replicated::primary`] and the
+    /// primary lists all of them as `state=online`.
+    pub fn wait_synced(&self, timeout: Duration) -> Result<(), String> {
+        let primary_port = self.primary.port().to_string();
+        wait_until(timeout, || {
+            for replica in &self.replicas {
+                let text = info(replica.port(), "replication")?;
+                let link = field(&text, "master_link_status", replica.port())?;
+                let master_port = field(&text, "master_port", replica.port())?;
+                if link != "up" || master_port != primary_port {
+                    return Err(format!(
+                        "replica {}: master_port={master_port} master_link_status={link}",
+                        replica.port()
+                    ));
+                }
+            }
+            let text = info(self.primary.port(), "replication")?;
+            let online = (0..self.replicas.len())
+                .filter_map(|i| parse_info_field(&text, &format!("slave{i}")))
+                .filter(|s| s.contains("state=online"))
+                .count();
+            if online == self.replicas.len() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "primary {} has {online} of {} replicas online",
+                    self.primary.port(),
+                    self.replicas.len()
+                ))
+            }
+        })
+    }
+}
+
+/// A [`Replicated`] primary with 2 replicas, monitored by 3 Sentinels as [`SENTINEL_SERVICE`]
+/// (quorum 2, `down-after-milliseconds` 1000, `failover-timeout` 3000).
+#[derive(Debug)]
+pub struct SentinelSetup {
+    pub data: Replicated,
+    pub sentinels: Vec<Server>,
+}
+
+impl SentinelSetup {
+    /// Starts the data nodes and the Sentinels, and waits until every Sentinel sees the primary,
+    /// both replicas and both other Sentinels.
+    ///
+    /// # Panics
+    /// When something does not come up within 20 s.
+    pub fn start(kind: ServerKind) -> SentinelSetup {
+        let data = Replicated::start(kind, 2);
+        let primary = data.primary.port();
+        let config = ServerConfig::new(kind)
+            .sentinel()
+            .conf_line(format!(
+                "sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {primary} 2"
+            ))
+            .conf_line(format!(
+                "sentinel down-after-milliseconds {SENTINEL_SERVICE} {SENTINEL_DOWN_AFTER_MS}"
+            ))
+            .conf_line(format!(
+                "sentinel failover-timeout {SENTINEL_SERVICE} {SENTINEL_FAILOVER_TIMEOUT_MS}"
+            ))
+            .conf_line(format!("sentinel parallel-syncs {SENTINEL_SERVICE} 1"));
+        let sentinels = launch_all(vec![config; 3]);
+        let setup = SentinelSetup { data, sentinels };
+        if let Err(e) = setup.wait_settled(START_TIMEOUT) {
+            panic!(
+                "{kind} sentinels did not settle: {e}\n{}",
+                describe_all(setup.sentinels.iter().chain(setup.data.servers()))
+            );
+        }
+        setup
+    }
+
+    /// `redis-sentinel://127.0.0.1:S1?sentinelServiceName=mymaster&node=127.0.0.1:S2&node=127.0.0.1:S3`,
+    /// as `fred::types::config::Config::from_url` parses it.
+    pub fn url(&self) -> String {
+        let mut ports = self.sentinels.iter().map(Server::port);
+        let first = ports.next().unwrap_or_default();
+        let mut url =
+            format!("redis-sentinel://127.0.0.1:{first}?sentinelServiceName={SENTINEL_SERVICE}");
+        for port in ports {
+            url.push_str(&format!("&node=127.0.0.1:{port}"));
+        }
+        url
+    }
+
+    /// The primary's port per `SENTINEL get-master-addr-by-name`, from the first Sentinel that
+    /// answers.
+    ///
+    /// # Panics
+    /// When no Sentinel answers.
+    pub fn current_primary_port(&self) -> u16 {
+        let mut errors = Vec::new();
+        for sentinel in &self.sentinels {
+            match self.primary_port_per(sentinel.port()) {
+                Ok(port) => return port,
+                Err(e) => errors.push(e),
+            }
+        }
+        panic!("no sentinel reports the primary: {errors:?}");
+    }
+
+    /// The data server that Sentinel reports as primary.
+    pub fn current_primary(&self) -> &Server {
+        let port = self.current_primary_port();
+        self.data
+            .server(port)
+            .unwrap_or_else(|| panic!("sentinel reports unknown primary port {port}"))
+    }
+
+    fn primary_port_per(&self, sentinel_port: u16) -> Result<u16, String> {
+        let reply = cmd_timeout(
+            sentinel_port,
+            &["SENTINEL", "get-master-addr-by-name", SENTINEL_SERVICE],
+            PROBE,
+        )?
+        .into_result()?;
+        reply
+            .as_array()
+            .and_then(|a| a.get(1))
+            .and_then(Reply::as_int)
+            .and_then(|p| u16::try_from(p).ok())
+            .ok_or_else(|| format!("sentinel {sentinel_port}: unexpected reply {reply}"))
+    }
+
+    /// Waits until every running Sentinel reports a primary other than `old_port`, all agree, that
+    /// server says `role:master`, and every other running data server (except `old_port`) is its
+    /// replica with the link up. Returns the new primary's port.
+    ///
+    /// A restarted old primary is turned into a replica by Sentinel only at its next `INFO` poll,
+    /// up to 10 s later; send it `REPLICAOF` yourself when a test needs it sooner.
+    pub fn wait_for_failover(&self, old_port: u16, timeout: Duration) -> Result<u16, String> {
+        let mut new_port = 0;
+        wait_until(timeout, || {
+            let mut ports = Vec::new();
+            for sentinel in self.sentinels.iter().filter(|s| s.is_running()) {
+                ports.push(self.primary_port_per(sentinel.port())?);
+            }
+            let Some(&first) = ports.first() else {
+                return Err("no sentinel is running".to_owned());
+            };
+            if first == old_port || ports.iter().any(|&p| p != first) {
+                return Err(format!(
+                    "sentinels report primaries {ports:?} (old {old_port})"
+                ));
+            }
+            let role = field(&info(first, "replication")?, "role", first)?;
+            if role != "master" {
+                return Err(format!("new primary {first} has role {role}"));
+            }
+            for replica in self
+                .data
+                .servers()
+                .filter(|s| s.port() != first && s.port() != old_port && s.is_running())
+            {
+                let text = info(replica.port(), "replication")?;
+                let master_port = field(&text, "master_port", replica.port())?;
+                let link = field(&text, "master_link_status", replica.port())?;
+                if master_port != first.to_string() || link != "up" {
+                    return Err(format!(
+                        "replica {}: master_port={master_port} master_link_status={link}",
+                        replica.port()
+                    ));
+                }
+            }
+            new_port = first;
+            Ok(())
+        })?;
+        Ok(new_port)
+    }
+
+    /// Waits until every running Sentinel sees the primary as `master` (not down), both replicas and
+    /// the two other Sentinels.
+    pub fn wait_settled(&self, timeout: Duration) -> Result<(), String> {
+        let replicas = self.data.replicas.len().to_string();
+        let others = (self.sentinels.len().saturating_sub(1)).to_string();
+        wait_until(timeout, || {
+            for sentinel in self.sentinels.iter().filter(|s| s.is_running()) {
+                let port = sentinel.port();
+                let pairs = cmd_timeout(port, &["SENTINEL", "MASTER", SENTINEL_SERVICE], PROBE)?
+                    .into_result()?
+                    .to_pairs();
+                let get = |k: &str| {
+                    pairs
+                        .iter()
+                        .find(|(key, _)| key == k)
+                        .map(|(_, v)| v.as_str())
+                        .unwrap_or("")
+                };
+                if get("flags") != "master"
+                    || get("num-slaves") != replicas
+                    || get("num-other-sentinels") != others
+                {
+                    return Err(format!(
+                        "sentinel {port}: flags={} num-slaves={} num-other-sentinels={}",
+                        get("flags"),
+                        get("num-slaves"),
+                        get("num-other-sentinels")
+                    ));
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+/// One line of `CLUSTER NODES`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterNodeInfo {
+    pub id: String,
+    pub port: u16,
+    pub flags: Vec<String>,
+    /// The primary's id, for a replica.
+    pub primary_id: Option<String>,
+    pub link_connected: bool,
+    /// Slot ranges as listed (`"0-5460"`, `"42"`), migration markers included.
+    pub slots: Vec<String>,
+}
+
+impl ClusterNodeInfo {
+    pub fn has_flag(&self, flag: &str) -> bool {
+        self.flags.iter().any(|f| f == flag)
+    }
+
+    pub fn is_primary(&self) -> bool {
+        self.has_flag("master")
+    }
+
+    pub fn is_failed(&self) -> bool {
+        self.has_flag("fail") || self.has_flag("fail?")
+    }
+}
+
+/// Parses `CLUSTER NODES` output.
+pub fn parse_cluster_nodes(text: &str) -> Vec<ClusterNodeInfo> {
+    text.lines()
+        .filter_map(|line| {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            if parts.len() < 8 {
+                return None;
+            }
+            // "ip:port@cport[,hostname]"
+            let addr = parts[1].split('@').next()?;
+            let port = addr.rsplit(':').next()?.parse().ok()?;
+            Some(ClusterNodeInfo {
+                id: parts[0].to_owned(),
+                port,
+                flags: parts[2].split(',').map(str::to_owned).collect(),
+                primary_id: (parts[3] != "-").then(|| parts[3].to_owned()),
+                link_connected: parts[7] == "connected",
+                slots: parts[8..].iter().map(|s| (*s).to_owned()).collect(),
+            })
+        })
+        .collect()
+}
+
+/// `CLUSTER NODES` as seen by the node on `port`.
+pub fn cluster_nodes(port: u16) -> Result<Vec<ClusterNodeInfo>, String> {
+    let reply = cmd_timeout(port, &["CLUSTER", "NODES"], PROBE)?.into_result()?;
+    let text = reply
+        .to_text()
+        .ok_or_else(|| format!("CLUSTER NODES on {port}: unexpected reply {reply}"))?;
+    Ok(parse_cluster_nodes(&text))
+}
+
+/// The live primary that serves `slot` in a `CLUSTER NODES` view.
+pub fn slot_owner(view: &[ClusterNodeInfo], slot: u16) -> Option<&ClusterNodeInfo> {
+    view.iter().find(|n| {
+        n.is_primary()
+            && !n.is_failed()
+            && n.slots.iter().any(|range| {
+                let mut bounds = range.split('-').map(str::parse::<u16>);
+                match (bounds.next(), bounds.next()) {
+                    (Some(Ok(a)), Some(Ok(b))) => (a..=b).contains(&slot),
+                    (Some(Ok(a)), None) => a == slot,
+                    _ => false,
+                }
+            })
+    })
+}
+
+/// The hash slot of a key (CRC16/XMODEM mod 16384, honouring `{hash tags}`).
+pub fn key_slot(key: &[u8]) -> u16 {
+    let mut hashed = key;
+    if let Some(open) = key.iter().position(|&b| b == b'{')
+        && let Some(len) = key[open + 1..].iter().position(|&b| b == b'}')
+        && len > 0
+    {
+        hashed = &key[open + 1..open + 1 + len];
+    }
+    let mut crc: u16 = 0;
+    for &byte in hashed {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % SLOTS
+}
+
+/// 3 primaries with one replica each. `nodes[0..3]` are the primaries (slots 0-5460, 5461-10922,
+/// 10923-16383) and `nodes[3 + i]` is the replica of `nodes[i]`, as started; after a failover use
+/// [`Cluster::primary_for_slot`] / [`Cluster::replica_of`], which ask the cluster.
+#[derive(Debug)]
+pub struct Cluster {
+    pub nodes: Vec<Server>,
+    ids: Vec<String>,
+}
+
+impl Cluster {
+    /// Starts and joins the 6 nodes and waits until every node has `cluster_state:ok`, sees all 6
+    /// nodes with the expected roles, and every replica's link is up.
+    ///
+    /// # Panics
+    /// When that does not happen within 20 s.
+    pub fn start(kind: ServerKind) -> Cluster {
+        let configs = (0..6)
+            .map(|_| ServerConfig::new(kind).cluster(CLUSTER_NODE_TIMEOUT_MS))
+            .collect();
+        let nodes = launch_all(configs);
+        let fail = |nodes: &[Server], e: String| -> ! {
+            panic!("{kind} cluster did not form: {e}\n{}", describe_all(nodes));
+        };
+        let ids: Vec<String> = nodes
+            .iter()
+            .map(|n| {
+                match cmd_timeout(n.port(), &["CLUSTER", "MYID"], PROBE)
+                    .and_then(Reply::into_result)
+                {
+                    Ok(reply) => reply.to_text().unwrap_or_default(),
+                    Err(e) => fail(&nodes, format!("CLUSTER MYID on {}: {e}", n.port())),
+                }
+            })
+            .collect();
+        let ranges = [(0u16, 5460u16), (5461, 10922), (10923, SLOTS - 1)];
+        for (i, (start, end)) in ranges.iter().enumerate() {
+            let port = nodes[i].port();
+            let epoch = (i + 1).to_string();
+            for args in [
+                vec!["CLUSTER", "SET-CONFIG-EPOCH", epoch.as_str()],
+                vec![
+                    "CLUSTER",
+                    "ADDSLOTSRANGE",
+                    &start.to_string(),
+                    &end.to_string(),
+                ],
+            ] {
+                if let Err(e) = resp::cmd(port, &args).and_then(Reply::into_result) {
+                    fail(&nodes, format!("`{}` on {port}: {e}", args.join(" ")));
+                }
+            }
+        }
+        // Every pair meets directly: waiting for gossip to spread the nodes took 1-2 s more.
+        for (i, from) in nodes.iter().enumerate() {
+            for to in &nodes[i + 1..] {
+                let port = to.port().to_string();
+                let args = ["CLUSTER", "MEET", "127.0.0.1", port.as_str()];
+                if let Err(e) = resp::cmd(from.port(), &args).and_then(Reply::into_result) {
+                    fail(
+                        &nodes,
+                        format!("`{}` on {}: {e}", args.join(" "), from.port()),
+                    );
+                }
+            }
+        }
+        let cluster = Cluster { nodes, ids };
+        // Everyone knows everyone, then the replicas attach.
+        let all_known = wait_until(START_TIMEOUT, || {
+            for node in &cluster.nodes {
+                let seen = cluster_nodes(node.port())?;
+                let known = seen
+                    .iter()
+                    .filter(|n| cluster.ids.contains(&n.id) && !n.has_flag("handshake"))
+                    .count();
+                if known != cluster.nodes.len() {
+                    return Err(format!("node {} knows {known} of 6 nodes", node.port()));
+                }
+            }
+            Ok(())
+        });
+        if let Err(e) = all_known {
+            fail(&cluster.nodes, e);
+        }
+        for i in 0..3 {
+            let replica = cluster.nodes[3 + i].port();
+            let args = ["CLUSTER", "REPLICATE", cluster.ids[i].as_str()];
+            let attached = wait_until(START_TIMEOUT, || {
+                resp::cmd(replica, &args)
+                    .and_then(Reply::into_result)
+                    .map(drop)
+            });
+            if let Err(e) = attached {
+                fail(
+                    &cluster.nodes,
+                    format!("`{}` on {replica}: {e}", args.join(" ")),
+                );
+            }
+        }
+        if let Err(e) = cluster.wait_formed(START_TIMEOUT) {
+            fail(&cluster.nodes, e);
+        }
+        cluster
+    }
+
+    /// `redis-cluster://127.0.0.1:P1?node=127.0.0.1:P2&...` listing all 6 nodes, as
+    /// `fred::types::config::Config::from_url` parses it.
+    pub fn url(&self) -> String {
+        let mut ports = self.nodes.iter().map(Server::port);
+        let first = ports.next().unwrap_or_default();
+        let rest: Vec<String> = ports.map(|p| format!("node=127.0.0.1:{p}")).collect();
+        format!("redis-cluster://127.0.0.1:{first}?{}", rest.join("&"))
+    }
+
+    /// The node id (stable across [`Server::restart`], kept in `nodes.conf`) of `nodes[index]`.
+    pub fn node_id(&self, index: usize) -> &str {
+        &self.ids[index]
+    }
+
+    /// The node listening on `port`.
+    pub fn node(&self, port: u16) -> Option<&Server> {
+        self.nodes.iter().find(|n| n.port() == port)
+    }
+
+    /// `CLUSTER NODES` from the first running node that answers.
+    pub fn topology(&self) -> Result<Vec<ClusterNodeInfo>, String> {
+        let mut errors = Vec::new();
+        for node in self.nodes.iter().filter(|n| n.is_running()) {
+            match cluster_nodes(node.port()) {
+                Ok(nodes) => return Ok(nodes),
+                Err(e) => errors.push(e),
+            }
+        }
+        Err(format!("no cluster node answers: {errors:?}"))
+    }
+
+    /// The node currently serving `slot` (per `CLUSTER NODES` of the first node that answers).
+    ///
+    /// # Panics
+    /// When no node answers or the slot is unassigned.
+    pub fn primary_for_slot(&self, slot: u16) -> &Server {
+        let topology = self.topology().unwrap_or_else(|e| panic!("{e}"));
+        let Some(owner) = slot_owner(&topology, slot) else {
+            panic!("slot {slot} has no live primary in {topology:#?}");
+        };
+        self.node(owner.port)
+            .unwrap_or_else(|| panic!("slot {slot} is served by unknown port {}", owner.port))
+    }
+
+    /// Call right after killing or pausing the primary on `old_primary_port`: waits until every
+    /// running node agrees that another (live) primary serves its first slot, and the cluster state
+    /// is `ok` everywhere. Returns the new primary's port.
+    pub fn wait_for_failover(
+        &self,
+        old_primary_port: u16,
+        timeout: Duration,
+    ) -> Result<u16, String> {
+        let topology = self.topology()?;
+        let slot = topology
+            .iter()
+            .find(|n| n.port == old_primary_port)
+            .and_then(|n| {
+                n.slots
+                    .iter()
+                    .find_map(|r| r.split('-').next()?.parse::<u16>().ok())
+            })
+            .ok_or_else(|| format!("port {old_primary_port} serves no slots: {topology:#?}"))?;
+        let deadline = Instant::now() + timeout;
+        let mut new_port = 0;
+        wait_until(timeout, || {
+            let mut owners = Vec::new();
+            for node in self.nodes.iter().filter(|n| n.is_running()) {
+                let view = cluster_nodes(node.port())?;
+                owners.push(slot_owner(&view, slot).map(|n| n.port));
+            }
+            match owners.first() {
+                Some(&Some(port))
+                    if port != old_primary_port && owners.iter().all(|&o| o == Some(port)) =>
+                {
+                    new_port = port;
+                    Ok(())
+                }
+                _ => Err(format!(
+                    "owners of slot {slot} per running nodes: {owners:?}"
+                )),
+            }
+        })?;
+        self.wait_state_ok(deadline.saturating_duration_since(Instant::now()))?;
+        Ok(new_port)
+    }
+
+    /// The node currently serving `key`.
+    pub fn primary_for_key(&self, key: &str) -> &Server {
+        self.primary_for_slot(key_slot(key.as_bytes()))
+    }
+
+    /// A (non-failed) replica of the primary on `primary_port`, per the cluster's current view.
+    ///
+    /// # Panics
+    /// When no node answers or that primary has no live replica.
+    pub fn replica_of(&self, primary_port: u16) -> &Server {
+        let topology = self.topology().unwrap_or_else(|e| panic!("{e}"));
+        let replica = topology
+            .iter()
+            .find(|n| n.port == primary_port)
+            .and_then(|primary| {
+                topology.iter().find(|n| {
+                    n.primary_id.as_deref() == Some(primary.id.as_str())
+                        && n.has_flag("slave")
+                        && !n.is_failed()
+                })
+            });
+        let Some(replica) = replica else {
+            panic!("port {primary_port} has no live replica in {topology:#?}");
+        };
+        self.node(replica.port)
+            .unwrap_or_else(|| panic!("unknown replica port {}", replica.port))
+    }
+
+    /// Waits until every running node reports `cluster_state:ok` and all 16384 slots `ok`
+    /// (e.g. after a failover).
+    pub fn wait_state_ok(&self, timeout: Duration) -> Result<(), String> {
+        wait_until(timeout, || {
+            for node in self.nodes.iter().filter(|n| n.is_running()) {
+                let reply = cmd_timeout(node.port(), &["CLUSTER", "INFO"], PROBE)?.into_result()?;
+                let text = reply.to_text().unwrap_or_default();
+                let state = parse_info_field(&text, "cluster_state").unwrap_or_default();
+                let ok = parse_info_field(&text, "cluster_slots_ok").unwrap_or_default();
+                if state != "ok" || ok != SLOTS.to_string() {
+                    return Err(format!(
+                        "node {}: cluster_state={state} cluster_slots_ok={ok}",
+                        node.port()
+                    ));
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// The initial layout is in place on every node: state ok, 3 primaries owning all slots,
+    /// `nodes[3 + i]` a replica of `nodes[i]` with its link up, no node flagged as failing.
+    fn wait_formed(&self, timeout: Duration) -> Result<(), String> {
+        wait_until(timeout, || {
+            for node in &self.nodes {
+                let port = node.port();
+                let seen = cluster_nodes(port)?;
+                for (i, id) in self.ids.iter().enumerate() {
+                    let Some(n) = seen.iter().find(|n| &n.id == id) else {
+                        return Err(format!("node {port} does not know {id}"));
+                    };
+                    let expected_primary = (i >= 3).then(|| self.ids[i - 3].clone());
+                    if n.is_failed()
+                        || n.has_flag("handshake")
+                        || n.primary_id != expected_primary
+                        || (i < 3) != n.is_primary()
+                    {
+                        return Err(format!("node {port} sees {n:?}"));
+                    }
+                }
+            }
+            for replica in &self.nodes[3..] {
+                let text = info(replica.port(), "replication")?;
+                let link = field(&text, "master_link_status", replica.port())?;
+                if link != "up" {
+                    return Err(format!(
+                        "replica {}: master_link_status={link}",
+                        replica.port()
+                    ));
+                }
+            }
+            Ok(())
+        })?;
+        self.wait_state_ok(timeout)
+    }
+}
