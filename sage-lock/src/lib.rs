@@ -46,6 +46,7 @@ pub mod global;
 mod key;
 mod lease;
 mod locks;
+mod macro_support;
 mod observe;
 mod pool;
 mod renewal;
@@ -65,3 +66,9 @@ pub use topology::Deployment;
 
 /// The fred client crate, re-exported so its types match the ones sage-lock uses.
 pub use fred;
+
+/// What `#[locked]`'s generated code calls. Not a public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::macro_support::*;
+}

@@ -643,6 +643,7 @@ async fn acquire_loop(
         // Never sleep past the deadline, nor (much) past the moment the holder's lease ends.
         let limit = holder_pttl.map_or(left, |pttl| left.min(pttl.max(Duration::from_millis(1))));
         let delay = backoff.next_delay(limit);
+        tracing::trace!(attempts, ?delay, busy = holder_pttl.is_some(), "lock not acquired yet; waiting");
         match waiter {
             Some(notify) if holder_pttl.is_some() => {
                 tokio::select! {
