@@ -338,9 +338,10 @@ struct Held {
 impl Held {
     /// Releases the lock, taking at most [`RELEASE_TIMEOUT`].
     async fn release(mut self) {
-        self.armed = false;
         self.stop_renewal();
+        // Stay armed until done: dropped mid-release, the release finishes in the background.
         release_now(&self.client, &self.keys, &self.token, &self.namespace).await;
+        self.armed = false;
         Stats::held(&self.namespace, self.lease.held_for());
         tracing::debug!(held = ?self.lease.held_for(), "lock released");
     }
@@ -348,13 +349,12 @@ impl Held {
     /// Gives up an acquisition: an attempt whose reply was lost may still have been granted, so
     /// delete the key if it holds our token (bounded by [`RELEASE_TIMEOUT`]).
     async fn abandon(mut self) {
-        self.armed = false;
         release_now(&self.client, &self.keys, &self.token, &self.namespace).await;
+        self.armed = false;
     }
 
     /// Records a loss, makes a best-effort release, and builds the error.
     async fn lost(mut self, reason: LossReason) -> LockError {
-        self.armed = false;
         self.stop_renewal();
         self.client.stats.record(&self.namespace, Event::Loss);
         Stats::held(&self.namespace, self.lease.held_for());
@@ -362,6 +362,7 @@ impl Held {
         if reason != LossReason::NotOwner {
             release_now(&self.client, &self.keys, &self.token, &self.namespace).await;
         }
+        self.armed = false;
         LockError::LockLost {
             key: self.keys.display.clone(),
             namespace: self.namespace.to_string(),
@@ -643,7 +644,12 @@ async fn acquire_loop(
         // Never sleep past the deadline, nor (much) past the moment the holder's lease ends.
         let limit = holder_pttl.map_or(left, |pttl| left.min(pttl.max(Duration::from_millis(1))));
         let delay = backoff.next_delay(limit);
-        tracing::trace!(attempts, ?delay, busy = holder_pttl.is_some(), "lock not acquired yet; waiting");
+        tracing::trace!(
+            attempts,
+            ?delay,
+            busy = holder_pttl.is_some(),
+            "lock not acquired yet; waiting"
+        );
         match waiter {
             Some(notify) if holder_pttl.is_some() => {
                 tokio::select! {
