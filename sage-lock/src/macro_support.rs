@@ -165,12 +165,6 @@ impl KeyTemplate {
     }
 }
 
-impl fmt::Display for KeyTemplate {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text)
-    }
-}
-
 /// The `client = ...` argument.
 #[diagnostic::on_unimplemented(
     message = "`client = ...` must give a `sage_lock::LockClient`, not `{Self}`",

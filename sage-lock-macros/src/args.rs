@@ -1,0 +1,540 @@
+//! The attribute's arguments, parsed into a validated [`Args`]. Every problem is collected (with
+//! its own span and a message that says how to fix it) rather than stopping at the first one.
+
+use std::fmt::Display;
+
+use proc_macro2::{Span, TokenStream};
+use syn::ext::IdentExt as _;
+use syn::parse::{Parse, ParseStream, Parser as _};
+use syn::punctuated::Punctuated;
+use syn::{Expr, Ident, Lit, LitStr, Token};
+
+use crate::duration::{format_millis, parse_millis};
+
+/// The shortest lease the runtime accepts, in milliseconds.
+const MIN_LEASE_MILLIS: u64 = 30;
+
+/// Accumulates `syn::Error`s into one.
+#[derive(Debug, Default)]
+pub(crate) struct Errors(Option<syn::Error>);
+
+impl Errors {
+    pub(crate) fn push(&mut self, error: syn::Error) {
+        match &mut self.0 {
+            Some(existing) => existing.combine(error),
+            None => self.0 = Some(error),
+        }
+    }
+
+    pub(crate) fn at(&mut self, span: Span, message: impl Display) {
+        self.push(syn::Error::new(span, message));
+    }
+
+    /// An error underlining all of `tokens` (from their first to their last token).
+    pub(crate) fn spanned(&mut self, tokens: impl quote::ToTokens, message: impl Display) {
+        self.push(syn::Error::new_spanned(tokens, message));
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    pub(crate) fn into_compile_errors(self) -> TokenStream {
+        self.0
+            .map(syn::Error::into_compile_error)
+            .unwrap_or_default()
+    }
+}
+
+/// How the key is given.
+pub(crate) enum KeyArg {
+    /// `key = "account:{id}"`.
+    Template(LitStr),
+    /// `key = <expr>` of any `KeyCodec` type.
+    Expr(Expr),
+}
+
+/// A checked duration literal.
+#[derive(Debug, Clone)]
+pub(crate) struct DurationArg {
+    pub(crate) millis: u64,
+    pub(crate) span: Span,
+}
+
+/// The validated arguments.
+#[derive(Default)]
+pub(crate) struct Args {
+    pub(crate) key: Option<KeyArg>,
+    pub(crate) wait: Option<DurationArg>,
+    pub(crate) lease: Option<DurationArg>,
+    pub(crate) namespace: Option<LitStr>,
+    pub(crate) replica_ack: Option<(bool, Span)>,
+    pub(crate) try_lock: bool,
+    pub(crate) client: Option<Expr>,
+    pub(crate) krate: Option<syn::Path>,
+}
+
+/// The argument names, for "did you mean" hints.
+const NAMES: [&str; 8] = [
+    "key",
+    "wait",
+    "lease",
+    "namespace",
+    "replica_ack",
+    "try_lock",
+    "client",
+    "crate",
+];
+
+/// Common names users reach for, and the argument they mean.
+fn alias(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "timeout" | "wait_timeout" | "wait_for" | "max_wait" | "waiting" | "acquire_timeout" => {
+            "wait"
+        }
+        "lease_duration" | "lease_time" | "ttl" | "expiry" | "expire" | "expires" | "duration" => {
+            "lease"
+        }
+        "ns" | "name_space" | "prefix" | "scope" => "namespace",
+        "replica_acknowledgement"
+        | "replica_acknowledgment"
+        | "replica_acks"
+        | "replicas_ack"
+        | "ack"
+        | "replicas" => "replica_ack",
+        "try" | "nowait" | "no_wait" | "trylock" | "try_with_lock" | "non_blocking"
+        | "nonblocking" => "try_lock",
+        "locks" | "lock_client" | "conn" | "connection" | "redis" => "client",
+        "keys" | "name" | "resource" | "template" => "key",
+        _ => return None,
+    })
+}
+
+/// The candidate closest to `name` by edit distance, if it is close enough to be a typo.
+pub(crate) fn closest<'a>(name: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    let limit = match name.chars().count() {
+        0..=2 => 1,
+        3..=5 => 2,
+        _ => 3,
+    };
+    candidates
+        .iter()
+        .map(|candidate| (edit_distance(name, candidate), *candidate))
+        .filter(|(distance, _)| *distance <= limit)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, candidate)| candidate)
+}
+
+/// Levenshtein distance, counting an adjacent swap as one edit.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.to_lowercase().chars().collect();
+    let b: Vec<char> = b.to_lowercase().chars().collect();
+    let mut rows = vec![vec![0_usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in rows.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in rows[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (rows[i - 1][j] + 1)
+                .min(rows[i][j - 1] + 1)
+                .min(rows[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(rows[i - 2][j - 2] + 1);
+            }
+            rows[i][j] = best;
+        }
+    }
+    rows[a.len()][b.len()]
+}
+
+/// One `name` or `name = value` item, before validation.
+struct RawArg {
+    name: Ident,
+    value: Option<Expr>,
+}
+
+impl Parse for RawArg {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let name = Ident::parse_any(input).map_err(|error| {
+            syn::Error::new(
+                error.span(),
+                "expected an argument name: `key`, `wait`, `lease`, `namespace`, `replica_ack`, \
+                 `try_lock` or `client`",
+            )
+        })?;
+        if input.is_empty() || input.peek(Token![,]) {
+            return Ok(Self { name, value: None });
+        }
+        if input.peek(Token![:]) {
+            return Err(input.error(format!("expected `=` after `{name}`, not `:`")));
+        }
+        if !input.peek(Token![=]) {
+            return Err(input.error(format!(
+                "expected `=` or `,` after `{name}`: arguments are written `name = value`, \
+                 separated by commas"
+            )));
+        }
+        input.parse::<Token![=]>()?;
+        let value: Expr = input.parse()?;
+        Ok(Self {
+            name,
+            value: Some(value),
+        })
+    }
+}
+
+/// A value as a literal, looking through attributes-free literal expressions.
+fn as_lit(expr: &Expr) -> Option<&Lit> {
+    match expr {
+        Expr::Lit(lit) if lit.attrs.is_empty() => Some(&lit.lit),
+        Expr::Group(group) => as_lit(&group.expr),
+        _ => None,
+    }
+}
+
+/// Parses and validates the arguments. Syntax errors stop parsing; every other problem is
+/// collected in `errors`.
+pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
+    let raw = match Punctuated::<RawArg, Token![,]>::parse_terminated.parse2(tokens) {
+        Ok(raw) => raw,
+        Err(error) => {
+            errors.push(error);
+            return Args::default();
+        }
+    };
+    let mut args = Args::default();
+    let mut seen: Vec<String> = Vec::new();
+    let mut try_lock_flag: Option<(bool, Span)> = None;
+    for arg in raw {
+        let name = arg.name.unraw().to_string();
+        let span = arg.name.span();
+        if seen.contains(&name) && NAMES.contains(&name.as_str()) {
+            errors.at(
+                span,
+                format!("duplicate `{name}` argument: it is already given earlier; remove one"),
+            );
+            continue;
+        }
+        seen.push(name.clone());
+        match name.as_str() {
+            "key" => args.key = key_arg(&name, span, arg.value, errors),
+            "wait" => {
+                args.wait = duration_arg(&name, span, arg.value, errors);
+                if let Some(wait) = &args.wait
+                    && wait.millis == 0
+                {
+                    errors.at(
+                        wait.span,
+                        "`wait` must be positive: to not wait at all, replace \
+                         `wait = \"0s\"` with `try_lock`",
+                    );
+                }
+            }
+            "lease" => {
+                args.lease = duration_arg(&name, span, arg.value, errors);
+                if let Some(lease) = &args.lease
+                    && lease.millis < MIN_LEASE_MILLIS
+                {
+                    errors.at(
+                        lease.span,
+                        format!(
+                            "`lease` must be at least 30ms, got {}: a lease this short cannot \
+                             be renewed in time; write e.g. `lease = \"10s\"`",
+                            format_millis(lease.millis)
+                        ),
+                    );
+                }
+            }
+            "namespace" => args.namespace = namespace_arg(span, arg.value, errors),
+            "replica_ack" => args.replica_ack = flag_arg(&name, span, arg.value, errors),
+            "try_lock" => {
+                // An invalid value still shows the intent not to wait: no "missing `wait`".
+                try_lock_flag = flag_arg(&name, span, arg.value, errors).or(Some((true, span)));
+            }
+            "client" => match arg.value {
+                Some(value) => args.client = Some(value),
+                None => errors.at(
+                    span,
+                    "`client` needs a value: write `client = self.locks` (any expression giving \
+                     a `LockClient`, `&LockClient` or `Arc<LockClient>`)",
+                ),
+            },
+            "crate" => match arg.value {
+                Some(Expr::Path(path)) if path.attrs.is_empty() && path.qself.is_none() => {
+                    args.krate = Some(path.path);
+                }
+                Some(other) => errors.spanned(
+                    other,
+                    "`crate` must be a path to the sage-lock crate, e.g. `crate = ::sage_lock`",
+                ),
+                None => errors.at(span, "`crate` needs a value: `crate = ::sage_lock`"),
+            },
+            _ => errors.at(span, unknown_argument(&name)),
+        }
+    }
+    args.try_lock = try_lock_flag.is_some_and(|(on, _)| on);
+    if args.key.is_none() && !seen.iter().any(|name| name == "key") {
+        errors.at(
+            Span::call_site(),
+            "`#[locked]` needs a `key`: add `key = \"account:{id}\"` (a template naming the \
+             function's parameters) or `key = <expression>`",
+        );
+    }
+    match (&args.wait, try_lock_flag) {
+        (Some(wait), Some((true, _))) => errors.at(
+            wait.span,
+            "`wait` cannot be combined with `try_lock`, which does not wait: remove `wait`, \
+             or remove `try_lock` to wait up to that long",
+        ),
+        (None, flag) if !flag.is_some_and(|(on, _)| on) && !seen.iter().any(|n| n == "wait") => {
+            errors.at(
+                Span::call_site(),
+                "`#[locked]` needs `wait = \"...\"`, how long to wait for a busy lock \
+                 (e.g. `wait = \"2s\"`), or `try_lock` to give up at once when it is busy",
+            );
+        }
+        _ => {}
+    }
+    args
+}
+
+fn unknown_argument(name: &str) -> String {
+    let suggestion = alias(name).or_else(|| closest(name, &NAMES));
+    let known = "the arguments are `key`, `wait`, `lease`, `namespace`, `replica_ack`, \
+                 `try_lock` and `client`";
+    match suggestion {
+        Some(good) => format!("unknown argument `{name}`: did you mean `{good}`? ({known})"),
+        None => format!("unknown argument `{name}`: {known}"),
+    }
+}
+
+fn key_arg(name: &str, span: Span, value: Option<Expr>, errors: &mut Errors) -> Option<KeyArg> {
+    let Some(value) = value else {
+        errors.at(
+            span,
+            format!(
+                "`{name}` needs a value: write `key = \"account:{{id}}\"` or `key = <expression>`"
+            ),
+        );
+        return None;
+    };
+    match as_lit(&value) {
+        Some(Lit::Str(template)) => Some(KeyArg::Template(template.clone())),
+        _ => Some(KeyArg::Expr(value)),
+    }
+}
+
+fn duration_arg(
+    name: &str,
+    span: Span,
+    value: Option<Expr>,
+    errors: &mut Errors,
+) -> Option<DurationArg> {
+    let example = if name == "wait" { "2s" } else { "10s" };
+    let Some(value) = value else {
+        errors.at(
+            span,
+            format!("`{name}` needs a value: write `{name} = \"{example}\"`"),
+        );
+        return None;
+    };
+    match as_lit(&value) {
+        Some(Lit::Str(text)) => match parse_millis(&text.value()) {
+            Ok(millis) => Some(DurationArg {
+                millis,
+                span: text.span(),
+            }),
+            Err(error) => {
+                errors.at(text.span(), format!("invalid `{name}`: {error}"));
+                None
+            }
+        },
+        Some(Lit::Int(int)) => {
+            let unit = if int.suffix().is_empty() {
+                "s"
+            } else {
+                int.suffix()
+            };
+            let digits = int.base10_digits();
+            errors.at(
+                int.span(),
+                format!(
+                    "`{name}` is a string with a unit: write `{name} = \"{digits}{unit}\"` \
+                     (units: `ms`, `s`, `m`, `h`)"
+                ),
+            );
+            None
+        }
+        Some(Lit::Float(float)) => {
+            errors.at(
+                float.span(),
+                format!(
+                    "`{name}` is a string with a unit, in whole units: write e.g. \
+                     `{name} = \"1s500ms\"`"
+                ),
+            );
+            None
+        }
+        _ => {
+            errors.spanned(
+                &value,
+                format!(
+                    "`{name}` must be a string literal such as `{name} = \"{example}\"`, so that \
+                     it is checked at compile time; for a duration computed at run time, call \
+                     `Locks::with_lock` directly"
+                ),
+            );
+            None
+        }
+    }
+}
+
+fn namespace_arg(span: Span, value: Option<Expr>, errors: &mut Errors) -> Option<LitStr> {
+    let Some(value) = value else {
+        errors.at(
+            span,
+            "`namespace` needs a value: write `namespace = \"account-updates\"`",
+        );
+        return None;
+    };
+    match as_lit(&value) {
+        Some(Lit::Str(text)) if text.value().is_empty() => {
+            errors.at(
+                text.span(),
+                "`namespace` cannot be empty: give a name such as \"account-updates\", or remove \
+                 the argument to use the default namespace",
+            );
+            None
+        }
+        Some(Lit::Str(text)) => Some(text.clone()),
+        _ => {
+            errors.spanned(
+                &value,
+                "`namespace` must be a string literal, e.g. `namespace = \"account-updates\"`",
+            );
+            None
+        }
+    }
+}
+
+fn flag_arg(
+    name: &str,
+    span: Span,
+    value: Option<Expr>,
+    errors: &mut Errors,
+) -> Option<(bool, Span)> {
+    let Some(value) = value else {
+        return Some((true, span));
+    };
+    let fix = if name == "try_lock" {
+        "write `try_lock` alone (or `try_lock = true`)".to_owned()
+    } else {
+        format!("write `{name} = true` or `{name} = false`")
+    };
+    match as_lit(&value) {
+        Some(Lit::Bool(flag)) => Some((flag.value(), span)),
+        Some(Lit::Str(text)) if matches!(text.value().as_str(), "true" | "false") => {
+            errors.at(
+                text.span(),
+                format!(
+                    "`{name}` takes a bool, not a string: write `{name} = {}` without quotes",
+                    text.value()
+                ),
+            );
+            None
+        }
+        Some(Lit::Int(int)) => {
+            errors.at(
+                int.span(),
+                format!("`{name}` takes `true` or `false`, not a number: {fix}"),
+            );
+            None
+        }
+        _ => {
+            errors.spanned(&value, format!("`{name}` takes `true` or `false`: {fix}"));
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quote::quote;
+
+    fn messages(tokens: TokenStream) -> Vec<String> {
+        let mut errors = Errors::default();
+        let _ = parse(tokens, &mut errors);
+        errors
+            .0
+            .map(|error| error.into_iter().map(|e| e.to_string()).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn accepts_every_argument() {
+        let mut errors = Errors::default();
+        let args = parse(
+            quote!(
+                key = "a:{id}",
+                lease = "10s",
+                namespace = "ns",
+                replica_ack = false,
+                try_lock,
+                client = self.locks,
+                crate = ::sage_lock
+            ),
+            &mut errors,
+        );
+        assert!(errors.is_empty());
+        assert!(args.try_lock);
+        assert_eq!(args.lease.map(|l| l.millis), Some(10_000));
+        assert_eq!(args.replica_ack.map(|(on, _)| on), Some(false));
+        assert!(matches!(args.key, Some(KeyArg::Template(_))));
+        assert!(args.client.is_some());
+        assert!(args.krate.is_some());
+    }
+
+    #[test]
+    fn reports_problems_with_fixes() {
+        let all = messages(quote!(key = id, timeout = "2s"));
+        assert!(all[0].contains("did you mean `wait`?"), "{all:?}");
+        assert!(all[1].contains("needs `wait"), "{all:?}");
+        let all = messages(quote!(key = id, wait = "2s", wiat = "1s"));
+        assert!(all[0].contains("did you mean `wait`?"), "{all:?}");
+        let all = messages(quote!(key = id, wait = "2s", wait = "1s"));
+        assert!(all[0].contains("duplicate `wait`"), "{all:?}");
+        let all = messages(quote!(key = id, wait = "2s", try_lock));
+        assert!(all[0].contains("cannot be combined"), "{all:?}");
+        let all = messages(quote!(key = id, wait = 2));
+        assert!(all[0].contains("wait = \"2s\""), "{all:?}");
+        let all = messages(quote!(key = id, try_lock, lease = 10));
+        assert!(all[0].contains("lease = \"10s\""), "{all:?}");
+        let all = messages(quote!(key = id, try_lock, lease = "10ms"));
+        assert!(all[0].contains("at least 30ms"), "{all:?}");
+        let all = messages(quote!(key = id, wait = "0s"));
+        assert!(all[0].contains("must be positive"), "{all:?}");
+        let all = messages(quote!(key = id, try_lock = "yes"));
+        assert!(all[0].contains("`try_lock` alone"), "{all:?}");
+        let all = messages(quote!(key = id, try_lock, replica_ack = 1));
+        assert!(all[0].contains("replica_ack = false"), "{all:?}");
+        let all = messages(quote!(key = id, try_lock, namespace = ""));
+        assert!(all[0].contains("cannot be empty"), "{all:?}");
+        let all = messages(quote!(wait = "1s"));
+        assert!(all[0].contains("needs a `key`"), "{all:?}");
+        let all = messages(quote!(key "x"));
+        assert!(all[0].contains("expected `=`"), "{all:?}");
+    }
+
+    #[test]
+    fn suggests_close_names() {
+        assert_eq!(closest("namespce", &NAMES), Some("namespace"));
+        assert_eq!(closest("try_lcok", &NAMES), Some("try_lock"));
+        assert_eq!(closest("zzzzzz", &NAMES), None);
+        assert_eq!(alias("timeout"), Some("wait"));
+    }
+}

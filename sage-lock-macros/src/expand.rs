@@ -1,0 +1,657 @@
+//! Code generation: rewrites the function body to acquire the lock, run the original body
+//! under it, and release it, keeping everything else about the function as it was.
+//!
+//! ```text
+//! #[locked(key = "account:{id}", wait = "2s", namespace = "account-updates")]
+//! pub async fn update(id: u64, delta: i64) -> Result<(), AppError> { BODY }
+//! ```
+//! becomes (the `sage_lock_*` locals are hygienic: the body cannot name them)
+//! ```text
+//! pub async fn update(id: u64, delta: i64) -> Result<(), AppError> {
+//!     let sage_lock_key: Vec<u8> = ::sage_lock::__private::KeyTemplate::with_capacity(16)
+//!         .literal("account:").display(&id).finish();
+//!     let sage_lock_client: Option<LockClient> = None;     // `client = e`: Some(ClientArg::lock_client(&(e)))
+//!     let sage_lock_shape = ::sage_lock::__private::lock_shape::<Result<(), AppError>>();
+//!     ::sage_lock::__private::with_lock(
+//!         sage_lock_shape, sage_lock_client, sage_lock_key,
+//!         ::sage_lock::__private::LockOptions::new().namespace("account-updates"),
+//!         ::core::time::Duration::from_millis(2000u64),
+//!         async move {
+//!             if false { return sage_lock_shape.fake_return(); }
+//!             { BODY }
+//!         },
+//!     ).await
+//! }
+//! ```
+//! * `lock_shape::<R>()` (spanned at the return type) is the one check of the return type, and
+//!   carries the conversion of a `LockError` into `R`; `try_lock` uses `try_lock_shape`, whose
+//!   `fake_body()` has the body's type `Result<T, E>`.
+//! * The `if false` edge fixes the async block's output type before the body is checked, so `?`
+//!   and `return` work in the body exactly as they did in the function.
+//! * On an `#[async_trait]` method (already rewritten to return a boxed future), the same
+//!   prelude and call are put inside its `Box::pin(async move { ... })`.
+
+use proc_macro2::{Span, TokenStream, TokenTree};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
+use syn::spanned::Spanned as _;
+use syn::visit_mut::VisitMut;
+use syn::{
+    AttrStyle, Block, Expr, FnArg, GenericArgument, ItemFn, Pat, PathArguments, ReturnType, Stmt,
+    Type, TypeParamBound,
+};
+
+use crate::args::{self, Args, Errors, KeyArg};
+use crate::key::{self, Scope};
+
+/// Entry point: `#[locked(args)] item`.
+pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
+    let mut errors = Errors::default();
+    let args = args::parse(args, &mut errors);
+
+    let func = match syn::parse2::<ItemFn>(item.clone()) {
+        Ok(func) => func,
+        Err(_) => {
+            errors.at(first_item_token_span(&item), not_a_function_message(&item));
+            let errors = errors.into_compile_errors();
+            return quote!(#item #errors);
+        }
+    };
+
+    let shape = match Shape::of(&func) {
+        Ok(shape) => Some(shape),
+        Err(error) => {
+            errors.push(error);
+            None
+        }
+    };
+
+    let mut scope = scope_of(&func);
+    if matches!(shape, Some(Shape::AsyncTrait { .. })) {
+        // `#[async_trait]` renamed destructured parameters to hygienic `__argN`: not nameable.
+        scope.async_trait = true;
+        scope.params.retain(|name| {
+            !(name.starts_with("__arg") && name[5..].chars().all(|c| c.is_ascii_digit()))
+        });
+    }
+    let key = match &args.key {
+        Some(KeyArg::Template(lit)) => match key::parse_template(&lit.value(), &scope) {
+            Ok(segments) => Some(key::template_tokens(&segments, lit, &krate(&args))),
+            Err(problems) => {
+                for problem in problems {
+                    errors.at(key::span_of(lit, &problem.range), problem.message);
+                }
+                None
+            }
+        },
+        Some(KeyArg::Expr(expr)) => {
+            let krate = krate(&args);
+            let argument = borrowed(expr);
+            let function = quote_spanned!(expr.span()=> #krate::__private::encode_key);
+            Some(quote!(#function(#argument)))
+        }
+        None => None,
+    };
+
+    match (shape, key) {
+        (Some(shape), Some(key)) if errors.is_empty() => generate(&args, func, &shape, &key),
+        _ => {
+            // Keep the function as written so that the only errors are ours.
+            let errors = errors.into_compile_errors();
+            let func = fallback(&args, &func);
+            quote!(#func #errors)
+        }
+    }
+}
+
+fn krate(args: &Args) -> TokenStream {
+    args.krate
+        .as_ref()
+        .map_or_else(|| quote!(::sage_lock), ToTokens::to_token_stream)
+}
+
+/// The span of the item's keyword (`struct`, `fn`, ...), past attributes and visibility.
+fn first_item_token_span(item: &TokenStream) -> Span {
+    let mut tokens = item.clone().into_iter().peekable();
+    while let Some(token) = tokens.next() {
+        match &token {
+            TokenTree::Punct(punct) if punct.as_char() == '#' => {
+                tokens.next();
+            }
+            TokenTree::Ident(ident) if ident == "pub" => {
+                if let Some(TokenTree::Group(_)) = tokens.peek() {
+                    tokens.next();
+                }
+            }
+            other => return other.span(),
+        }
+    }
+    Span::call_site()
+}
+
+fn not_a_function_message(item: &TokenStream) -> &'static str {
+    match syn::parse2::<syn::TraitItemFn>(item.clone()) {
+        Ok(declaration) if declaration.default.is_none() => {
+            "`#[locked]` needs a function body: put it on the `async fn` in the `impl` block, \
+             not on the trait's declaration"
+        }
+        _ => "`#[locked]` can only be applied to an `async fn`",
+    }
+}
+
+/// The names a key template may refer to.
+fn scope_of(func: &ItemFn) -> Scope {
+    let mut scope = Scope::default();
+    for input in &func.sig.inputs {
+        match input {
+            FnArg::Receiver(_) => scope.has_self = true,
+            FnArg::Typed(typed) => collect_bindings(&typed.pat, &mut scope.params),
+        }
+    }
+    scope
+}
+
+fn collect_bindings(pat: &Pat, out: &mut Vec<String>) {
+    match pat {
+        Pat::Ident(ident) => {
+            out.push(syn::ext::IdentExt::unraw(&ident.ident).to_string());
+            if let Some((_, sub)) = &ident.subpat {
+                collect_bindings(sub, out);
+            }
+        }
+        Pat::Tuple(tuple) => tuple.elems.iter().for_each(|p| collect_bindings(p, out)),
+        Pat::TupleStruct(tuple) => tuple.elems.iter().for_each(|p| collect_bindings(p, out)),
+        Pat::Struct(strukt) => strukt
+            .fields
+            .iter()
+            .for_each(|field| collect_bindings(&field.pat, out)),
+        Pat::Slice(slice) => slice.elems.iter().for_each(|p| collect_bindings(p, out)),
+        Pat::Reference(reference) => collect_bindings(&reference.pat, out),
+        Pat::Paren(paren) => collect_bindings(&paren.pat, out),
+        Pat::Type(typed) => collect_bindings(&typed.pat, out),
+        Pat::Or(or) => {
+            if let Some(first) = or.cases.first() {
+                collect_bindings(first, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// How the function is written.
+enum Shape {
+    /// A native `async fn`; its declared return type (with `impl Trait` erased) and span.
+    Async { ret: Type, ret_span: Span },
+    /// A function already rewritten by `#[async_trait]`: it returns
+    /// `Pin<Box<dyn Future<Output = ret> + ...>>` and its last statement is
+    /// `Box::pin(async move { ... })`.
+    AsyncTrait { ret: Type, ret_span: Span },
+}
+
+impl Shape {
+    fn of(func: &ItemFn) -> syn::Result<Self> {
+        let sig = &func.sig;
+        if sig.asyncness.is_some() {
+            let (ret, ret_span) = declared_return(func);
+            return Ok(Self::Async { ret, ret_span });
+        }
+        if let (Some(output), Some(_)) = (boxed_future_output(&sig.output), async_trait_body(func))
+        {
+            return Ok(Self::AsyncTrait {
+                ret: erase_impl_trait(output.clone()),
+                ret_span: output.span(),
+            });
+        }
+        Err(syn::Error::new(
+            sig.fn_token.span,
+            "`#[locked]` can only be applied to an `async fn`: add `async` before `fn` \
+             (the lock is held across the body's `.await`s)",
+        ))
+    }
+}
+
+/// `Output` of a `Pin<Box<dyn Future<Output = T> + ...>>` return type, as `#[async_trait]`
+/// writes it.
+fn boxed_future_output(output: &ReturnType) -> Option<&Type> {
+    let ReturnType::Type(_, ty) = output else {
+        return None;
+    };
+    let pin = single_type_argument(ty, "Pin")?;
+    let boxed = single_type_argument(pin, "Box")?;
+    let Type::TraitObject(object) = boxed else {
+        return None;
+    };
+    object.bounds.iter().find_map(|bound| {
+        let TypeParamBound::Trait(bound) = bound else {
+            return None;
+        };
+        let segment = bound.path.segments.last()?;
+        if segment.ident != "Future" {
+            return None;
+        }
+        let PathArguments::AngleBracketed(arguments) = &segment.arguments else {
+            return None;
+        };
+        arguments.args.iter().find_map(|argument| match argument {
+            GenericArgument::AssocType(assoc) if assoc.ident == "Output" => Some(&assoc.ty),
+            _ => None,
+        })
+    })
+}
+
+fn single_type_argument<'a>(ty: &'a Type, name: &str) -> Option<&'a Type> {
+    let Type::Path(path) = ty else {
+        return None;
+    };
+    let segment = path.path.segments.last()?;
+    if segment.ident != name {
+        return None;
+    }
+    let PathArguments::AngleBracketed(arguments) = &segment.arguments else {
+        return None;
+    };
+    arguments.args.iter().find_map(|argument| match argument {
+        GenericArgument::Type(ty) => Some(ty),
+        _ => None,
+    })
+}
+
+/// The `async move { ... }` inside the trailing `Box::pin(...)` of an `#[async_trait]` body.
+fn async_trait_body(func: &ItemFn) -> Option<&syn::ExprAsync> {
+    let Some(Stmt::Expr(Expr::Call(call), None)) = func.block.stmts.last() else {
+        return None;
+    };
+    let Expr::Path(path) = &*call.func else {
+        return None;
+    };
+    let mut segments = path.path.segments.iter().rev();
+    if segments.next()?.ident != "pin" || segments.next()?.ident != "Box" {
+        return None;
+    }
+    match call.args.first() {
+        Some(Expr::Async(body)) if call.args.len() == 1 && body.capture.is_some() => Some(body),
+        _ => None,
+    }
+}
+
+fn async_trait_body_mut(func: &mut ItemFn) -> Option<&mut syn::ExprAsync> {
+    let Some(Stmt::Expr(Expr::Call(call), None)) = func.block.stmts.last_mut() else {
+        return None;
+    };
+    match call.args.first_mut() {
+        Some(Expr::Async(body)) => Some(body),
+        _ => None,
+    }
+}
+
+/// Replaces `impl Trait` with `_` so that the type can be written inside the body.
+fn erase_impl_trait(mut ty: Type) -> Type {
+    struct Erase;
+    impl VisitMut for Erase {
+        fn visit_type_mut(&mut self, ty: &mut Type) {
+            if let Type::ImplTrait(impl_trait) = ty {
+                let span = impl_trait.impl_token.span;
+                *ty = Type::Infer(syn::TypeInfer {
+                    attrs: Vec::new(),
+                    underscore_token: syn::Token![_](span),
+                });
+            } else {
+                syn::visit_mut::visit_type_mut(self, ty);
+            }
+        }
+    }
+    Erase.visit_type_mut(&mut ty);
+    ty
+}
+
+/// `tokens` with every span set to `span`.
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut token| {
+            if let TokenTree::Group(group) = &token {
+                let mut inner =
+                    proc_macro2::Group::new(group.delimiter(), respan(group.stream(), span));
+                inner.set_span(span);
+                token = TokenTree::Group(inner);
+            } else {
+                token.set_span(span);
+            }
+            token
+        })
+        .collect()
+}
+
+/// `&(expr)`, spanned so that a type error about it underlines exactly `expr`.
+pub(crate) fn borrowed(expr: &Expr) -> TokenStream {
+    let tokens = expr.to_token_stream();
+    let mut spans = tokens.clone().into_iter().map(|token| token.span());
+    let first = spans.next().unwrap_or_else(Span::call_site);
+    let last = spans.last().unwrap_or(first);
+    let and = syn::token::And(first);
+    let mut group = proc_macro2::Group::new(proc_macro2::Delimiter::Parenthesis, tokens);
+    group.set_span(last);
+    quote!(#and #group)
+}
+
+/// The generated pieces around the body.
+struct Generated {
+    /// `let key = ...; let client = ...; let shape = ...;`
+    locals: TokenStream,
+    /// `with_lock(shape, client, key, options, wait, ` ... up to the body future (as tokens
+    /// of the callee and the leading arguments).
+    function: TokenStream,
+    arguments: TokenStream,
+    /// `if false { return shape.fake_return(); }`: fixes the body's type before it is checked.
+    edge: TokenStream,
+}
+
+fn shape_local() -> syn::Ident {
+    format_ident!("sage_lock_shape", span = Span::mixed_site())
+}
+
+/// `let shape = lock_shape::<R>();` (or `try_lock_shape`), the one check of the return type,
+/// spanned at the return type.
+fn shape_statement(args: &Args, ret: &Type, ret_span: Span) -> TokenStream {
+    let krate = krate(args);
+    let shape = shape_local();
+    let function = if args.try_lock {
+        quote_spanned!(ret_span=> try_lock_shape)
+    } else {
+        quote_spanned!(ret_span=> lock_shape)
+    };
+    // All of the call is spanned at the return type (from its first to its last token), so
+    // that an unsatisfied bound underlines the return type rather than the attribute.
+    let mut spans = ret.to_token_stream().into_iter().map(|token| token.span());
+    let first = spans.next().unwrap_or(ret_span);
+    let last = spans.last().unwrap_or(first);
+    let krate = respan(krate, first);
+    let head = quote_spanned!(first=> #krate::__private::#function::<);
+    let tail = quote_spanned!(last=> >());
+    quote!(let #shape = #head #ret #tail;)
+}
+
+fn edge(args: &Args, ret_span: Span) -> TokenStream {
+    let shape = shape_local();
+    let fake = if args.try_lock {
+        quote_spanned!(ret_span=> fake_body)
+    } else {
+        quote_spanned!(ret_span=> fake_return)
+    };
+    quote_spanned! {ret_span=>
+        if false {
+            return #shape.#fake();
+        }
+    }
+}
+
+fn generated(args: &Args, key: &TokenStream, ret: &Type, ret_span: Span) -> Generated {
+    let krate = krate(args);
+    let key_local = format_ident!("sage_lock_key", span = Span::mixed_site());
+    let client_local = format_ident!("sage_lock_client", span = Span::mixed_site());
+    let shape = shape_local();
+
+    let client = match &args.client {
+        Some(expr) => {
+            let argument = borrowed(expr);
+            let function = quote_spanned!(expr.span()=> #krate::__private::ClientArg::lock_client);
+            quote!(::core::option::Option::Some(#function(#argument)))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+
+    let mut options = quote!(#krate::__private::LockOptions::new());
+    if let Some(lease) = &args.lease {
+        let millis = lease.millis;
+        options.extend(quote!(.lease(::core::time::Duration::from_millis(#millis))));
+    }
+    if let Some(namespace) = &args.namespace {
+        options.extend(quote!(.namespace(#namespace)));
+    }
+    if let Some((on, span)) = args.replica_ack {
+        let on = syn::LitBool::new(on, span);
+        options.extend(quote!(.replica_acknowledgement(#on)));
+    }
+
+    let shape_statement = shape_statement(args, ret, ret_span);
+    let locals = quote! {
+        let #key_local: ::std::vec::Vec<u8> = #key;
+        let #client_local: ::core::option::Option<#krate::__private::LockClient> = #client;
+        #shape_statement
+    };
+    let (function, arguments) = if args.try_lock {
+        (
+            quote!(#krate::__private::try_with_lock),
+            quote!(#shape, #client_local, #key_local, #options,),
+        )
+    } else {
+        let millis = args.wait.as_ref().map_or(0, |wait| wait.millis);
+        (
+            quote!(#krate::__private::with_lock),
+            quote!(#shape, #client_local, #key_local, #options,
+                ::core::time::Duration::from_millis(#millis),),
+        )
+    };
+    Generated {
+        locals,
+        function,
+        arguments,
+        edge: edge(args, ret_span),
+    }
+}
+
+/// Writes `func` with a new body: outer attributes, visibility and signature as they were, the
+/// inner attributes first in the body.
+fn with_body(func: &ItemFn, body: &TokenStream) -> TokenStream {
+    let outer = func
+        .attrs
+        .iter()
+        .filter(|attr| matches!(attr.style, AttrStyle::Outer));
+    let inner = func
+        .attrs
+        .iter()
+        .filter(|attr| matches!(attr.style, AttrStyle::Inner(_)));
+    let vis = &func.vis;
+    let sig = &func.sig;
+    let mut out = quote!(#(#outer)* #vis #sig);
+    func.block.brace_token.surround(&mut out, |tokens| {
+        tokens.extend(quote!(#(#inner)* #body));
+    });
+    out
+}
+
+/// What is emitted when the attribute has errors: the function as written, so that the only
+/// errors are the attribute's. In `try_lock` mode the body is still checked as the body type
+/// `Result<T, E>` (as it would be with a correct attribute), to avoid a cascade of type errors.
+pub(crate) fn fallback(args: &Args, func: &ItemFn) -> TokenStream {
+    if !args.try_lock || func.sig.asyncness.is_none() {
+        return func.to_token_stream();
+    }
+    let (ret, ret_span) = declared_return(func);
+    let shape_statement = shape_statement(args, &ret, ret_span);
+    let edge = edge(args, ret_span);
+    let block = &func.block;
+    let body = quote! {
+        #shape_statement
+        let _ = async move {
+            #edge
+            #block
+        };
+        ::core::unreachable!()
+    };
+    with_body(func, &body)
+}
+
+fn declared_return(func: &ItemFn) -> (Type, Span) {
+    match &func.sig.output {
+        ReturnType::Type(_, ty) => (erase_impl_trait((**ty).clone()), ty.span()),
+        ReturnType::Default => {
+            let span = func.sig.ident.span();
+            (syn::parse_quote_spanned!(span=> ()), span)
+        }
+    }
+}
+
+fn generate(args: &Args, mut func: ItemFn, shape: &Shape, key: &TokenStream) -> TokenStream {
+    match shape {
+        Shape::Async { ret, ret_span } => {
+            let Generated {
+                locals,
+                function,
+                arguments,
+                edge,
+            } = generated(args, key, ret, *ret_span);
+            let block = &func.block;
+            let body = quote! {
+                #locals
+                #function(#arguments async move {
+                    #edge
+                    #block
+                }).await
+            };
+            with_body(&func, &body)
+        }
+        Shape::AsyncTrait { ret, ret_span } => {
+            let Generated {
+                locals,
+                function,
+                arguments,
+                edge: _,
+            } = generated(args, key, ret, *ret_span);
+            let krate = krate(args);
+            if let Some(async_block) = async_trait_body_mut(&mut func) {
+                if args.try_lock {
+                    retarget_async_trait_edges(&mut async_block.block, ret, &krate);
+                }
+                let inner = std::mem::replace(&mut async_block.block, empty_block());
+                let stmts = &inner.stmts;
+                let replacement: Block = syn::parse_quote! {{
+                    #locals
+                    #function(#arguments async move { #(#stmts)* }).await
+                }};
+                async_block.block = replacement;
+            }
+            func.into_token_stream()
+        }
+    }
+}
+
+fn empty_block() -> Block {
+    Block {
+        brace_token: syn::token::Brace::default(),
+        stmts: Vec::new(),
+    }
+}
+
+/// In `try_lock` mode the body evaluates to `Result<T, E>` while the function returns
+/// `Result<Option<T>, E>`: `#[async_trait]`'s own return-type edges (`None::<R>` and
+/// `let __ret: R = ...`) are retargeted to the body type.
+fn retarget_async_trait_edges(block: &mut Block, ret: &Type, krate: &TokenStream) {
+    struct Retarget {
+        ret: String,
+        body: Type,
+    }
+    impl VisitMut for Retarget {
+        fn visit_type_mut(&mut self, ty: &mut Type) {
+            if erase_impl_trait(ty.clone()).to_token_stream().to_string() == self.ret {
+                *ty = self.body.clone();
+            } else {
+                syn::visit_mut::visit_type_mut(self, ty);
+            }
+        }
+        // Never touch the user's own code.
+        fn visit_block_mut(&mut self, _: &mut Block) {}
+        fn visit_expr_async_mut(&mut self, _: &mut syn::ExprAsync) {}
+        fn visit_expr_closure_mut(&mut self, _: &mut syn::ExprClosure) {}
+    }
+    let span = ret.span();
+    let body: Type = syn::parse_quote_spanned!(span=>
+        <#ret as #krate::__private::TryLockReturn>::Body
+    );
+    let mut visitor = Retarget {
+        ret: ret.to_token_stream().to_string(),
+        body,
+    };
+    for stmt in &mut block.stmts {
+        match stmt {
+            // `if let Some(__ret) = None::<R> { return __ret; }`
+            Stmt::Expr(Expr::If(edge), _) => visitor.visit_expr_mut(&mut edge.cond),
+            // `let __ret: R = { ...user body... };`
+            Stmt::Local(local) => {
+                if let Pat::Type(typed) = &mut local.pat {
+                    visitor.visit_type_mut(&mut typed.ty);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expand_str(args: TokenStream, item: TokenStream) -> String {
+        expand(args, item).to_string()
+    }
+
+    #[test]
+    fn rewrites_the_body_and_keeps_the_signature() {
+        let out = expand_str(
+            quote!(
+                key = "account:{id}",
+                wait = "2s",
+                namespace = "account-updates"
+            ),
+            quote! {
+                /// Docs.
+                #[inline]
+                pub async fn update(id: u64, delta: i64) -> Result<(), AppError> {
+                    #![allow(unused)]
+                    apply(id, delta)?;
+                    Ok(())
+                }
+            },
+        );
+        println!("{out}");
+        assert!(out.starts_with("# [doc = r\" Docs.\"] # [inline] pub async fn update"));
+        assert!(out.contains("# ! [allow (unused)]"));
+        assert!(out.contains(
+            ":: sage_lock :: __private :: lock_shape :: < Result < () , AppError > > ()"
+        ));
+        assert!(out.contains(":: sage_lock :: __private :: with_lock (sage_lock_shape , sage_lock_client , sage_lock_key"));
+        assert!(out.contains("if false { return sage_lock_shape . fake_return () ; } { apply"));
+        assert!(out.contains(". literal (\"account:\") . display (& id) . finish ()"));
+        assert!(out.contains(". namespace (\"account-updates\")"));
+        assert!(out.contains("from_millis (2000u64)"));
+        assert!(!out.contains("compile_error"));
+    }
+
+    #[test]
+    fn try_lock_uses_the_body_type() {
+        let out = expand_str(
+            quote!(key = id, try_lock, crate = ::my::sage),
+            quote! {
+                async fn settle(id: u64) -> anyhow::Result<Option<u8>> { Ok(1) }
+            },
+        );
+        println!("{out}");
+        assert!(out.contains(":: my :: sage :: __private :: try_lock_shape :: < anyhow :: Result < Option < u8 > > > ()"));
+        assert!(out.contains(":: my :: sage :: __private :: try_with_lock (sage_lock_shape"));
+        assert!(out.contains("return sage_lock_shape . fake_body () ;"));
+        assert!(out.contains("encode_key (& (id))"));
+    }
+
+    #[test]
+    fn errors_keep_the_original_function() {
+        let out = expand_str(
+            quote!(key = "{nope}", wait = "2 parsecs"),
+            quote!(
+                fn plain(id: u64) -> u64 {
+                    id
+                }
+            ),
+        );
+        assert!(out.starts_with("fn plain (id : u64) -> u64 { id }"));
+        assert_eq!(out.matches("compile_error").count(), 3, "{out}");
+    }
+}

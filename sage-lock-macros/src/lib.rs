@@ -1,0 +1,85 @@
+//! The `#[locked]` attribute of [sage-lock](https://docs.rs/sage-lock). Use it through the
+//! re-export, `sage_lock::locked`, whose documentation describes the arguments, key templates and
+//! return types; this crate only parses the attribute and generates code that calls
+//! `sage_lock::__private`.
+
+mod args;
+mod duration;
+mod expand;
+mod key;
+
+use proc_macro::TokenStream;
+
+/// Runs the body of an `async fn` while holding a distributed lock on a key built from its
+/// arguments: waits for the lock (or, with `try_lock`, gives up at once when it is busy),
+/// renews it while the body runs, and releases it when the body ends.
+///
+/// ```ignore
+/// use sage_lock::locked;
+///
+/// #[locked(key = "account:{id}", wait = "2s", namespace = "account-updates")]
+/// async fn update_account(id: u64, delta: i64) -> Result<(), AppError> {   // AppError: From<LockError>
+///     // runs while holding the lock "account:<id>" in namespace "account-updates"
+///     Ok(())
+/// }
+///
+/// #[locked(key = "account:{id}", try_lock)]       // do not wait: Ok(None) when busy
+/// async fn settle(id: u64) -> Result<Option<Receipt>, AppError> {
+///     Ok(Receipt::new(id))                        // the body evaluates to Result<Receipt, AppError>
+/// }
+/// ```
+///
+/// # Arguments
+///
+/// | argument | value | default |
+/// |---|---|---|
+/// | `key` | a template such as `"account:{id}"`, or any expression whose value is a `KeyCodec` | required |
+/// | `wait` | how long to wait for a busy lock: `"150ms"`, `"2s"`, `"1m"`, `"1h"`, `"1m30s"` | required unless `try_lock` |
+/// | `try_lock` | flag (or `= true` / `= false`): do not wait; `Ok(None)` when the lock is busy | off |
+/// | `lease` | lease duration, at least `"30ms"`; renewed automatically | service default (30s) |
+/// | `namespace` | non-empty string | service default (`"lock"`) |
+/// | `replica_ack` | `true` / `false` (alone: `true`) | service default (`true`) |
+/// | `client` | an expression giving a `LockClient`, `&LockClient` or `Arc<LockClient>`, e.g. `self.locks` | the global client (`sage_lock::global`) |
+/// | `crate` | path to the sage-lock crate, for re-exports | `::sage_lock` |
+///
+/// Arguments may come in any order. Durations are checked when the macro expands.
+///
+/// # Key templates
+///
+/// `{name}` names a parameter, `{name.field}` a field of one (tuple fields too: `{pair.0}`),
+/// `{self.field}` a field of the receiver. Each placeholder is formatted with `Display`, exactly
+/// as `format!` would, so `"account:{id}"` with `id = 42` is the same key as the string
+/// `"account:42"` given to `Locks<String>` by hand. `{{` and `}}` are literal braces. The card
+/// notation `"account:<id>"` is the same placeholder as `"account:{id}"` (an identifier between
+/// `<` and `>`; any other `<` is literal text, and `<<` is a literal `<`). Format specs
+/// (`{id:?}`), positional placeholders (`{}`, `{0}`) and method calls (`{id.len()}`) are not
+/// allowed; for those, use an expression key: `key = format!("user:{}", name.to_lowercase())`.
+///
+/// # Return types
+///
+/// * Default mode: the function returns `Result<T, E>` with `E: From<LockError>`; a failed
+///   acquisition (timeout, lost lock, server error) returns `Err(E::from(error))`.
+/// * `try_lock`: the function returns `Result<Option<T>, E>` while its body evaluates to
+///   `Result<T, E>`; a busy lock gives `Ok(None)` without running the body.
+///
+/// Both are checked through traits, so aliases such as `anyhow::Result<T>` work.
+///
+/// # What is kept
+///
+/// The rewritten function keeps its name, visibility, attributes, docs, generics, where-clauses,
+/// receiver and lifetimes, and works on free functions, inherent methods, `async fn` in trait
+/// impls and `#[async_trait]` impls, with `#[tracing::instrument]` before or after it. The key
+/// is computed first, then the client, then the lock is acquired; the body runs as the same
+/// code, so `?` and `return` behave as before. The returned future is `Send` when the body is.
+/// Inside the body, `sage_lock::current_lease()` gives the lease (key, fencing token, time left).
+///
+/// # Limits
+///
+/// * Durations and the namespace are literals, checked at compile time; for values computed at
+///   run time, call `Locks::with_lock` / `Locks::try_with_lock` directly.
+/// * In `#[async_trait]` methods, placeholders can name only parameters bound to a plain name
+///   (`#[async_trait]` renames destructured ones before `#[locked]` sees them).
+#[proc_macro_attribute]
+pub fn locked(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::expand(args.into(), item.into()).into()
+}

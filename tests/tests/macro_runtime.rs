@@ -1,0 +1,477 @@
+//! `#[locked]` against real Redis and Valkey servers: the key the macro builds is the key a
+//! caller builds by hand, annotated functions exclude each other, acquisition errors convert
+//! through `From<LockError>`, body errors come back untouched, and `client = self.locks` works in
+//! inherent, native-trait and `#[async_trait]` impls. (The global client is in `macro_global.rs`:
+//! it can only be installed once per process.)
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use harness::ServerKind;
+use sage_lock::{LockClient, LockError, LockOptions, Locks, current_lease, locked};
+use tokio::sync::oneshot;
+
+#[derive(Debug)]
+enum AppError {
+    Lock(LockError),
+    Body(&'static str),
+}
+
+impl From<LockError> for AppError {
+    fn from(error: LockError) -> Self {
+        AppError::Lock(error)
+    }
+}
+
+async fn client(kind: ServerKind) -> LockClient {
+    let url = harness::shared(kind).url();
+    LockClient::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {} at {url}: {e}", kind.name()))
+}
+
+fn hand_locks(client: &LockClient, namespace: &str) -> Locks<String> {
+    client
+        .lock_with::<String>(LockOptions::new().namespace(namespace))
+        .expect("valid options")
+}
+
+/// Holds `key` by hand (through `Locks<String>`) until the returned sender is dropped or fired.
+async fn hold_by_hand(
+    locks: &Locks<String>,
+    key: &str,
+) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let (entered_tx, entered_rx) = oneshot::channel();
+    let (release_tx, release_rx) = oneshot::channel::<()>();
+    let locks = locks.clone();
+    let key = key.to_owned();
+    let holder = tokio::spawn(async move {
+        locks
+            .with_lock(&key, Duration::from_secs(5), async move {
+                let _ = entered_tx.send(());
+                let _ = release_rx.await;
+            })
+            .await
+            .expect("hold the lock by hand");
+    });
+    entered_rx.await.expect("the hand-held lock was acquired");
+    (release_tx, holder)
+}
+
+async fn release(release: oneshot::Sender<()>, holder: tokio::task::JoinHandle<()>) {
+    let _ = release.send(());
+    holder.await.expect("the holder task");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The macro's key is the hand-built key.
+
+const KEYS_NS: &str = "macro-key-equality";
+
+/// What the body saw: its lease's namespace and key.
+type Seen = (String, String);
+
+fn seen() -> Seen {
+    let lease = current_lease().expect("the body runs inside the lock");
+    (lease.namespace().to_owned(), lease.key().to_owned())
+}
+
+#[locked(key = "account:{id}", try_lock, namespace = "macro-key-equality", client = client)]
+async fn settle(client: &LockClient, id: u64) -> Result<Option<Seen>, AppError> {
+    Ok(seen())
+}
+
+#[locked(key = "account:<id>", try_lock, namespace = "macro-key-equality", client = client)]
+async fn settle_card(client: &LockClient, id: u64) -> Result<Option<Seen>, AppError> {
+    Ok(seen())
+}
+
+#[locked(key = format!("account:{id}"), try_lock, namespace = "macro-key-equality", client = client)]
+async fn settle_expression(client: &LockClient, id: u64) -> Result<Option<Seen>, AppError> {
+    Ok(seen())
+}
+
+#[locked(key = "{{account}}:{id}", try_lock, namespace = "macro-key-equality", client = client)]
+async fn settle_escaped(client: &LockClient, id: u64) -> Result<Option<Seen>, AppError> {
+    Ok(seen())
+}
+
+#[locked(key = "account:{id}", wait = "5s", namespace = "macro-key-equality", client = client)]
+async fn hold_with_macro(
+    client: &LockClient,
+    id: u64,
+    entered: oneshot::Sender<()>,
+    release: oneshot::Receiver<()>,
+) -> Result<Seen, AppError> {
+    let _ = entered.send(());
+    let _ = release.await;
+    Ok(seen())
+}
+
+fn is_free(result: Result<Option<Seen>, AppError>, key: &str) -> bool {
+    match result {
+        Ok(Some((namespace, seen_key))) => {
+            assert_eq!(namespace, KEYS_NS);
+            assert_eq!(seen_key, key);
+            true
+        }
+        Ok(None) => false,
+        Err(error) => panic!("try_lock on {key}: {error:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn macro_key_equals_hand_built_key() {
+    for kind in ServerKind::ALL {
+        let client = client(kind).await;
+        let hand = hand_locks(&client, KEYS_NS);
+        let kind = kind.name();
+
+        // Held by hand: every spelling of the macro key is busy; other keys are free.
+        let (release_tx, holder) = hold_by_hand(&hand, "account:42").await;
+        assert!(
+            !is_free(settle(&client, 42).await, "account:42"),
+            "{kind}: template"
+        );
+        assert!(
+            !is_free(settle_card(&client, 42).await, "account:42"),
+            "{kind}: card"
+        );
+        assert!(
+            !is_free(settle_expression(&client, 42).await, "account:42"),
+            "{kind}: expression key"
+        );
+        assert!(
+            is_free(settle(&client, 43).await, "account:43"),
+            "{kind}: other id"
+        );
+        assert!(
+            is_free(settle_escaped(&client, 42).await, "{account}:42"),
+            "{kind}: escaped braces name another key"
+        );
+        release(release_tx, holder).await;
+        assert!(
+            is_free(settle(&client, 42).await, "account:42"),
+            "{kind}: after release"
+        );
+
+        // `{{`/`}}` escapes: "{account}:7" by hand is the escaped template's key.
+        let (release_tx, holder) = hold_by_hand(&hand, "{account}:7").await;
+        assert!(
+            !is_free(settle_escaped(&client, 7).await, "{account}:7"),
+            "{kind}: escapes"
+        );
+        release(release_tx, holder).await;
+
+        // The other way round: held by the macro, busy by hand.
+        let (entered_tx, entered_rx) = oneshot::channel();
+        let (release_tx, release_rx) = oneshot::channel();
+        let macro_holder = {
+            let client = client.clone();
+            tokio::spawn(async move { hold_with_macro(&client, 42, entered_tx, release_rx).await })
+        };
+        entered_rx.await.expect("the macro acquired the lock");
+        let by_hand = hand
+            .try_with_lock("account:42", async {})
+            .await
+            .expect("try_lock by hand");
+        assert!(
+            by_hand.is_none(),
+            "{kind}: the macro's lock is the hand-built key"
+        );
+        let _ = release_tx.send(());
+        let (namespace, key) = macro_holder
+            .await
+            .expect("macro task")
+            .expect("the macro-held lock");
+        assert_eq!((namespace.as_str(), key.as_str()), (KEYS_NS, "account:42"));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exclusion through annotated functions.
+
+#[derive(Default)]
+struct Shared {
+    counter: AtomicU64,
+    inside: AtomicUsize,
+    overlaps: AtomicUsize,
+}
+
+#[locked(key = "counter:{name}", wait = "60s", lease = "5s", namespace = "macro-contention", client = client)]
+async fn increment(
+    client: LockClient,
+    name: &'static str,
+    shared: Arc<Shared>,
+) -> Result<u64, AppError> {
+    if shared.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+        shared.overlaps.fetch_add(1, Ordering::SeqCst);
+    }
+    // A non-atomic read-modify-write: only exclusion keeps it exact.
+    let value = shared.counter.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    shared.counter.store(value + 1, Ordering::SeqCst);
+    shared.inside.fetch_sub(1, Ordering::SeqCst);
+    Ok(value + 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn contention_through_annotated_fns_is_exclusive() {
+    const TASKS: u64 = 8;
+    const ROUNDS: u64 = 8;
+    for kind in ServerKind::ALL {
+        let client = client(kind).await;
+        let shared = Arc::new(Shared::default());
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let client = client.clone();
+                let shared = Arc::clone(&shared);
+                // Spawning proves the annotated function's future is `Send`.
+                tokio::spawn(async move {
+                    for _ in 0..ROUNDS {
+                        increment(client.clone(), "shared", Arc::clone(&shared))
+                            .await
+                            .expect("increment under the lock");
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("task");
+        }
+        assert_eq!(
+            shared.counter.load(Ordering::SeqCst),
+            TASKS * ROUNDS,
+            "{}",
+            kind.name()
+        );
+        assert_eq!(shared.overlaps.load(Ordering::SeqCst), 0, "{}", kind.name());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors.
+
+const ERRORS_NS: &str = "macro-errors";
+
+#[locked(key = "busy:{id}", wait = "200ms", namespace = "macro-errors", client = client)]
+async fn waits_briefly(client: &LockClient, id: u64, ran: &AtomicBool) -> Result<u64, AppError> {
+    ran.store(true, Ordering::SeqCst);
+    Ok(id)
+}
+
+#[locked(key = "busy:{id}", wait = "200ms", namespace = "macro-errors", client = client)]
+async fn waits_briefly_anyhow(client: &LockClient, id: u64) -> anyhow::Result<u64> {
+    Ok(id)
+}
+
+#[locked(key = "busy:{id}", try_lock, namespace = "macro-errors", client = client)]
+async fn tries(client: &LockClient, id: u64, ran: &AtomicBool) -> Result<Option<u64>, AppError> {
+    ran.store(true, Ordering::SeqCst);
+    Ok(id)
+}
+
+#[locked(key = "busy:{id}", wait = "2s", namespace = "macro-errors", client = client)]
+async fn fails_in_body(client: &LockClient, id: u64) -> Result<u64, AppError> {
+    if id > 0 {
+        return Err(AppError::Body("body failed"));
+    }
+    Ok(id)
+}
+
+#[locked(key = "busy:{id}", try_lock, namespace = "macro-errors", client = client)]
+async fn try_fails_in_body(client: &LockClient, id: u64) -> Result<Option<u64>, AppError> {
+    Err(AppError::Body("try body failed"))?;
+    Ok(id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_convert_through_from_lock_error() {
+    for kind in ServerKind::ALL {
+        let client = client(kind).await;
+        let hand = hand_locks(&client, ERRORS_NS);
+        let kind = kind.name();
+
+        let (release_tx, holder) = hold_by_hand(&hand, "busy:1").await;
+        let ran = AtomicBool::new(false);
+        let started = Instant::now();
+        match waits_briefly(&client, 1, &ran).await {
+            Err(AppError::Lock(error)) => assert!(error.is_timed_out(), "{kind}: {error}"),
+            other => panic!("{kind}: expected a converted TimedOut, got {other:?}"),
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{kind}: the wait is bounded"
+        );
+        assert!(!ran.load(Ordering::SeqCst), "{kind}: the body must not run");
+
+        let error = waits_briefly_anyhow(&client, 1).await.expect_err("busy");
+        let lock_error = error
+            .downcast_ref::<LockError>()
+            .expect("a LockError inside anyhow");
+        assert!(lock_error.is_timed_out(), "{kind}: {lock_error}");
+
+        assert!(
+            matches!(tries(&client, 1, &ran).await, Ok(None)),
+            "{kind}: busy is Ok(None)"
+        );
+        assert!(
+            !ran.load(Ordering::SeqCst),
+            "{kind}: a busy try_lock does not run the body"
+        );
+        release(release_tx, holder).await;
+        assert!(
+            matches!(tries(&client, 1, &ran).await, Ok(Some(1))),
+            "{kind}: free"
+        );
+        assert!(ran.load(Ordering::SeqCst));
+
+        // A body's own error comes back as it was, and the lock is released after it.
+        assert!(matches!(
+            fails_in_body(&client, 2).await,
+            Err(AppError::Body("body failed"))
+        ));
+        assert!(matches!(
+            try_fails_in_body(&client, 2).await,
+            Err(AppError::Body("try body failed"))
+        ));
+        let free = hand
+            .try_with_lock("busy:2", async {})
+            .await
+            .expect("try by hand");
+        assert!(free.is_some(), "{kind}: released after the body's error");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// `client = self.locks` in impls.
+
+const SELF_NS: &str = "macro-self-client";
+
+struct Accounts {
+    locks: LockClient,
+    shared: Arc<LockClient>,
+    tenant: String,
+    balance: AtomicI64,
+}
+
+impl Accounts {
+    #[locked(key = "{self.tenant}:account:{id}", wait = "5s", namespace = "macro-self-client", client = self.locks)]
+    async fn deposit(&self, id: u64, amount: i64) -> Result<i64, AppError> {
+        let lease = current_lease().expect("inside the lock");
+        assert_eq!(lease.key(), format!("{}:account:{id}", self.tenant));
+        assert_eq!(lease.namespace(), SELF_NS);
+        Ok(self.balance.fetch_add(amount, Ordering::SeqCst) + amount)
+    }
+
+    #[locked(key = "{self.tenant}:account:{id}", try_lock, namespace = "macro-self-client", client = self.shared)]
+    async fn try_deposit(&self, id: u64, amount: i64) -> Result<Option<i64>, AppError> {
+        let _ = id;
+        Ok(self.balance.fetch_add(amount, Ordering::SeqCst) + amount)
+    }
+}
+
+trait Ledger {
+    fn post(&self, id: u64) -> impl Future<Output = Result<String, AppError>> + Send;
+}
+
+impl Ledger for Accounts {
+    #[locked(key = "{self.tenant}:ledger:{id}", wait = "5s", namespace = "macro-self-client", client = self.locks)]
+    async fn post(&self, id: u64) -> Result<String, AppError> {
+        let _ = id;
+        Ok(current_lease().expect("inside the lock").key().to_owned())
+    }
+}
+
+#[async_trait::async_trait]
+trait Journal {
+    async fn write(&self, id: u64, text: &str) -> Result<String, AppError>;
+    async fn try_write(&self, id: u64) -> Result<Option<String>, AppError>;
+}
+
+#[async_trait::async_trait]
+impl Journal for Accounts {
+    #[locked(key = "{self.tenant}:journal:{id}", wait = "5s", namespace = "macro-self-client", client = self.locks)]
+    async fn write(&self, id: u64, text: &str) -> Result<String, AppError> {
+        let key = current_lease().expect("inside the lock").key().to_owned();
+        Ok(format!("{key}={text}:{id}"))
+    }
+
+    #[locked(key = "{self.tenant}:journal:{id}", try_lock, namespace = "macro-self-client", client = self.locks)]
+    async fn try_write(&self, id: u64) -> Result<Option<String>, AppError> {
+        if id == 0 {
+            return Err(AppError::Body("no id"));
+        }
+        Ok(current_lease().expect("inside the lock").key().to_owned())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_from_self_in_impls() {
+    for kind in ServerKind::ALL {
+        let client = client(kind).await;
+        let hand = hand_locks(&client, SELF_NS);
+        let accounts = Arc::new(Accounts {
+            locks: client.clone(),
+            shared: Arc::new(client.clone()),
+            tenant: format!("acme-{}", kind.name()),
+            balance: AtomicI64::new(0),
+        });
+        let tenant = accounts.tenant.clone();
+        let kind = kind.name();
+
+        assert_eq!(accounts.deposit(7, 5).await.expect("deposit"), 5);
+        assert_eq!(accounts.try_deposit(7, 5).await.expect("try"), Some(10));
+
+        let (release_tx, holder) = hold_by_hand(&hand, &format!("{tenant}:account:7")).await;
+        assert!(
+            accounts
+                .try_deposit(7, 1)
+                .await
+                .expect("try while held")
+                .is_none(),
+            "{kind}: `{{self.tenant}}` is part of the key"
+        );
+        let waiting = {
+            let accounts = Arc::clone(&accounts);
+            tokio::spawn(async move { accounts.deposit(7, 100).await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            accounts.balance.load(Ordering::SeqCst),
+            10,
+            "{kind}: deposit waits"
+        );
+        release(release_tx, holder).await;
+        assert_eq!(
+            waiting.await.expect("task").expect("deposit after release"),
+            110
+        );
+
+        let accounts_for_task = Arc::clone(&accounts);
+        let posted = tokio::spawn(async move { accounts_for_task.post(3).await })
+            .await
+            .expect("task")
+            .expect("post");
+        assert_eq!(posted, format!("{tenant}:ledger:3"));
+
+        let written = accounts.write(4, "hello").await.expect("write");
+        assert_eq!(written, format!("{tenant}:journal:4=hello:4"));
+        assert_eq!(
+            accounts.try_write(5).await.expect("try_write"),
+            Some(format!("{tenant}:journal:5"))
+        );
+        assert!(matches!(
+            accounts.try_write(0).await,
+            Err(AppError::Body("no id"))
+        ));
+        let (release_tx, holder) = hold_by_hand(&hand, &format!("{tenant}:journal:5")).await;
+        assert_eq!(
+            accounts.try_write(5).await.expect("busy"),
+            None,
+            "{kind}: async_trait try_lock"
+        );
+        release(release_tx, holder).await;
+    }
+}
