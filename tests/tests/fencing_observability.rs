@@ -38,19 +38,39 @@ async fn tokens_strictly_increase_across_processes() {
         let mut all = BTreeSet::new();
         for child in children {
             let out = child.wait_with_output().await.expect("worker output");
-            assert!(out.status.success(), "{}: worker failed: {out:?}", kind.name());
+            assert!(
+                out.status.success(),
+                "{}: worker failed: {out:?}",
+                kind.name()
+            );
             let tokens: Vec<u64> = String::from_utf8_lossy(&out.stdout)
                 .lines()
                 .filter_map(|l| l.strip_prefix("token ").and_then(|t| t.parse().ok()))
                 .collect();
             assert_eq!(tokens.len(), 15, "{}", kind.name());
-            assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{}: not increasing: {tokens:?}", kind.name());
+            assert!(
+                tokens.windows(2).all(|w| w[0] < w[1]),
+                "{}: not increasing: {tokens:?}",
+                kind.name()
+            );
             for token in tokens {
-                assert!(all.insert(token), "{}: token {token} handed out twice", kind.name());
+                assert!(
+                    all.insert(token),
+                    "{}: token {token} handed out twice",
+                    kind.name()
+                );
             }
         }
-        let (first, last) = (all.first().copied().unwrap_or(0), all.last().copied().unwrap_or(0));
-        assert_eq!(last - first + 1, 45, "{}: tokens not one contiguous run", kind.name());
+        let (first, last) = (
+            all.first().copied().unwrap_or(0),
+            all.last().copied().unwrap_or(0),
+        );
+        assert_eq!(
+            last - first + 1,
+            45,
+            "{}: tokens not one contiguous run",
+            kind.name()
+        );
     }
 }
 
@@ -64,28 +84,52 @@ async fn paused_holder_is_fenced_off() {
         let prefix = format!("store-{}", rand::random::<u32>());
         let lease = Duration::from_millis(400);
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fenced_writer"))
-            .args([&url, &ns, "acct", &lease.as_millis().to_string(), &prefix, "stale"])
+            .args([
+                &url,
+                &ns,
+                "acct",
+                &lease.as_millis().to_string(),
+                &prefix,
+                "stale",
+            ])
             .stdout(Stdio::piped())
             .stdin(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .expect("spawn fenced_writer");
         let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let line = lines.next_line().await.expect("read").expect("acquired line");
-        let stale: u64 = line.strip_prefix("acquired ").and_then(|t| t.parse().ok()).expect("token");
+        let line = lines
+            .next_line()
+            .await
+            .expect("read")
+            .expect("acquired line");
+        let stale: u64 = line
+            .strip_prefix("acquired ")
+            .and_then(|t| t.parse().ok())
+            .expect("token");
         let pid = child.id().expect("pid").to_string();
         signal(&pid, "-STOP");
         tokio::time::sleep(lease * 2).await;
 
         let client = LockClient::connect(&url).await.expect("connect");
-        let locks: Locks<str> = client.lock_with(LockOptions::new().namespace(ns.as_str())).expect("opts");
-        let store_keys = vec![format!("{prefix}:data"), format!("{prefix}:highest"), format!("{prefix}:rejected")];
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace(ns.as_str()))
+            .expect("opts");
+        let store_keys = vec![
+            format!("{prefix}:data"),
+            format!("{prefix}:highest"),
+            format!("{prefix}:rejected"),
+        ];
         let fresh = locks
             .with_lock("acct", Duration::from_secs(5), async {
                 let token = sage_lock::current_lease().expect("lease").fencing_token();
                 let accepted: i64 = client
                     .fred()
-                    .eval(STORE, store_keys.clone(), vec![token.to_string(), "fresh".to_owned()])
+                    .eval(
+                        STORE,
+                        store_keys.clone(),
+                        vec![token.to_string(), "fresh".to_owned()],
+                    )
                     .await
                     .expect("store write");
                 assert_eq!(accepted, 1);
@@ -93,22 +137,47 @@ async fn paused_holder_is_fenced_off() {
             })
             .await
             .expect("the paused holder's lease expired");
-        assert!(fresh > stale, "{}: new token {fresh} not above the paused holder's {stale}", kind.name());
+        assert!(
+            fresh > stale,
+            "{}: new token {fresh} not above the paused holder's {stale}",
+            kind.name()
+        );
 
         signal(&pid, "-CONT");
         let mut stdin = child.stdin.take().expect("stdin");
         stdin.write_all(b"go\n").await.expect("resume writer");
         drop(stdin);
         let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
-        let rejected: Option<i64> = client.fred().get(format!("{prefix}:rejected")).await.expect("GET");
-        let data: Option<String> = client.fred().get(format!("{prefix}:data")).await.expect("GET");
-        assert_eq!(rejected, Some(1), "{}: the stale write was not rejected", kind.name());
-        assert_eq!(data.as_deref(), Some("fresh"), "{}: the stale holder overwrote fresh data", kind.name());
+        let rejected: Option<i64> = client
+            .fred()
+            .get(format!("{prefix}:rejected"))
+            .await
+            .expect("GET");
+        let data: Option<String> = client
+            .fred()
+            .get(format!("{prefix}:data"))
+            .await
+            .expect("GET");
+        assert_eq!(
+            rejected,
+            Some(1),
+            "{}: the stale write was not rejected",
+            kind.name()
+        );
+        assert_eq!(
+            data.as_deref(),
+            Some("fresh"),
+            "{}: the stale holder overwrote fresh data",
+            kind.name()
+        );
     }
 }
 
 fn signal(pid: &str, sig: &str) {
-    let status = std::process::Command::new("kill").args([sig, pid]).status().expect("kill");
+    let status = std::process::Command::new("kill")
+        .args([sig, pid])
+        .status()
+        .expect("kill");
     assert!(status.success(), "kill {sig} {pid}");
 }
 
@@ -130,7 +199,12 @@ impl<S> tracing_subscriber::Layer<S> for CaptureLayer
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
-    fn on_new_span(&self, attrs: &tracing::span::Attributes<'_>, id: &tracing::span::Id, ctx: tracing_subscriber::layer::Context<'_, S>) {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
         let mut fields = Fields(String::new());
         attrs.record(&mut fields);
         if let Some(span) = ctx.span(id) {
@@ -172,14 +246,23 @@ fn observers() -> &'static (Captured, Snapshotter) {
     })
 }
 
-type Sample = (metrics_util::CompositeKey, Option<metrics::Unit>, Option<metrics::SharedString>, DebugValue);
+type Sample = (
+    metrics_util::CompositeKey,
+    Option<metrics::Unit>,
+    Option<metrics::SharedString>,
+    DebugValue,
+);
 
 /// Sum of `name` for `namespace` in one snapshot (taking a snapshot resets the recorder).
 fn counter(snapshot: &[Sample], name: &str, namespace: &str) -> u64 {
     snapshot
         .iter()
         .filter(|(key, _, _, _)| {
-            key.key().name() == name && key.key().labels().any(|l| l.key() == "namespace" && l.value() == namespace)
+            key.key().name() == name
+                && key
+                    .key()
+                    .labels()
+                    .any(|l| l.key() == "namespace" && l.value() == namespace)
         })
         .map(|(_, _, _, value)| match value {
             DebugValue::Counter(n) => *n,
@@ -195,16 +278,32 @@ fn counter(snapshot: &[Sample], name: &str, namespace: &str) -> u64 {
 async fn events_and_metrics_fire() {
     let (captured, snapshotter) = observers();
     for kind in ServerKind::ALL {
-        let client = LockClient::connect(&harness::shared(kind).url()).await.expect("connect");
+        let client = LockClient::connect(&harness::shared(kind).url())
+            .await
+            .expect("connect");
         let ns = format!("observed-{}", rand::random::<u32>());
-        let locks: Locks<str> =
-            client.lock_with(LockOptions::new().namespace(ns.as_str()).lease(Duration::from_millis(90))).expect("opts");
+        let locks: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace(ns.as_str())
+                    .lease(Duration::from_millis(90)),
+            )
+            .expect("opts");
         // acquire + renewals + release
-        locks.with_lock("obs", Duration::from_secs(1), tokio::time::sleep(Duration::from_millis(200))).await.expect("lock");
+        locks
+            .with_lock(
+                "obs",
+                Duration::from_secs(1),
+                tokio::time::sleep(Duration::from_millis(200)),
+            )
+            .await
+            .expect("lock");
         // busy retries + timeout
         let timed_out = locks
             .with_lock("obs", Duration::from_secs(1), async {
-                locks.with_lock("obs", Duration::from_millis(100), async {}).await
+                locks
+                    .with_lock("obs", Duration::from_millis(100), async {})
+                    .await
             })
             .await
             .expect("outer");
@@ -213,7 +312,11 @@ async fn events_and_metrics_fire() {
         let server_key = LockClient::server_key(&ns, "obs");
         let lost = locks
             .with_lock("obs", Duration::from_secs(1), async {
-                let _: i64 = client.fred().del(sage_lock::fred::types::Key::from(&server_key[..])).await.expect("DEL");
+                let _: i64 = client
+                    .fred()
+                    .del(sage_lock::fred::types::Key::from(&server_key[..]))
+                    .await
+                    .expect("DEL");
                 tokio::time::sleep(Duration::from_secs(2)).await;
             })
             .await;
@@ -221,9 +324,16 @@ async fn events_and_metrics_fire() {
 
         let events: Vec<String> = captured.0.lock().map(|e| e.clone()).unwrap_or_default();
         let mine: Vec<&String> = events.iter().filter(|e| e.contains(&ns)).collect();
-        for wanted in ["lock acquired", "lease renewed", "lock released", "timed out", "lock lost"] {
+        for wanted in [
+            "lock acquired",
+            "lease renewed",
+            "lock released",
+            "timed out",
+            "lock lost",
+        ] {
             assert!(
-                mine.iter().any(|e| e.contains(wanted) && e.contains("key=obs")),
+                mine.iter()
+                    .any(|e| e.contains(wanted) && e.contains("key=obs")),
                 "{}: no `{wanted}` event with key and namespace among {mine:#?}",
                 kind.name()
             );
@@ -240,10 +350,18 @@ async fn events_and_metrics_fire() {
             ("sage_lock_hold_seconds", 3),
         ] {
             let value = counter(&snapshot, metric, &ns);
-            assert!(value >= at_least, "{}: {metric} = {value}, expected >= {at_least}", kind.name());
+            assert!(
+                value >= at_least,
+                "{}: {metric} = {value}, expected >= {at_least}",
+                kind.name()
+            );
         }
         let stats = client.stats();
-        assert_eq!((stats.acquisitions, stats.timeouts, stats.losses), (3, 1, 1), "{stats:?}");
+        assert_eq!(
+            (stats.acquisitions, stats.timeouts, stats.losses),
+            (3, 1, 1),
+            "{stats:?}"
+        );
         assert!(stats.renewals >= 2 && stats.busy_retries >= 1, "{stats:?}");
     }
 }

@@ -3,229 +3,55 @@
 //! arguments take the service-wide defaults of `global::set_defaults`.
 //!
 //! The global client and defaults can be set only once per process (and the environment cannot
-//! be changed without `unsafe`), so each scenario runs in a child process: the `child_*` tests
-//! are ignored in a normal run and started by the parent tests, once per server kind, with the
-//! environment they need.
+//! be changed without `unsafe`), so each scenario runs in its own process,
+//! `src/bin/global_scenarios.rs`, started here with the environment it needs.
 
 use std::process::Command;
-use std::time::Duration;
 
 use harness::ServerKind;
-use sage_lock::global::{self, ServiceDefaults};
-use sage_lock::{LockClient, LockError, LockOptions, Locks, current_lease, locked};
-use tokio::sync::oneshot;
 
+const URL_VARIABLE: &str = sage_lock::global::URL_VARIABLE;
 const URL_FOR_INSTALL: &str = "SAGE_LOCK_TEST_INSTALL_URL";
 
-#[derive(Debug)]
-enum AppError {
-    Lock(LockError),
-}
-
-impl From<LockError> for AppError {
-    fn from(error: LockError) -> Self {
-        AppError::Lock(error)
-    }
-}
-
-type Seen = (String, String);
-
-fn seen() -> Seen {
-    let lease = current_lease().expect("the body runs inside the lock");
-    (lease.namespace().to_owned(), lease.key().to_owned())
-}
-
-#[locked(key = "global:{id}", try_lock, namespace = "macro-global")]
-async fn global_try(id: u64) -> Result<Option<Seen>, AppError> {
-    Ok(seen())
-}
-
-#[locked(key = "global:{id}", wait = "2s", namespace = "macro-global")]
-async fn global_wait(id: u64) -> anyhow::Result<Seen> {
-    Ok(seen())
-}
-
-/// No namespace or lease: the service-wide defaults apply.
-#[locked(key = "defaults:{id}", try_lock)]
-async fn with_defaults(id: u64) -> Result<Option<(Seen, Duration)>, AppError> {
-    let lease = current_lease().expect("inside the lock");
-    Ok((seen(), lease.remaining()))
-}
-
-/// Runs one `child_*` test of this binary in a child process with `env` set (and
-/// `SAGE_LOCK_URL` removed unless given), and fails with its output if it fails.
-fn run_child(test: &str, env: &[(&str, String)]) {
-    let exe = std::env::current_exe().expect("the test binary");
-    let mut command = Command::new(exe);
+/// Runs `scenario` in a fresh process with `env` set (and `SAGE_LOCK_URL` removed unless given),
+/// and fails with its output if it fails.
+fn run_scenario(scenario: &str, env: &[(&str, String)]) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_global_scenarios"));
     command
-        .args([
-            "--exact",
-            test,
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env_remove(global::URL_VARIABLE)
+        .arg(scenario)
+        .env_remove(URL_VARIABLE)
         .env_remove(URL_FOR_INSTALL);
     for (name, value) in env {
         command.env(name, value);
     }
-    let output = command.output().expect("run the child test");
+    let output = command.output().expect("run the scenario process");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
-        output.status.success() && stdout.contains("1 passed"),
-        "child test {test} failed ({:?}):\n{stdout}\n{}",
+        output.status.success() && stdout.contains("passed"),
+        "scenario {scenario} failed ({:?}):\n{stdout}\n{}",
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
 }
 
-async fn hold_by_hand(
-    locks: &Locks<String>,
-    key: &str,
-) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
-    let (entered_tx, entered_rx) = oneshot::channel();
-    let (release_tx, release_rx) = oneshot::channel::<()>();
-    let locks = locks.clone();
-    let key = key.to_owned();
-    let holder = tokio::spawn(async move {
-        locks
-            .with_lock(&key, Duration::from_secs(5), async move {
-                let _ = entered_tx.send(());
-                let _ = release_rx.await;
-            })
-            .await
-            .expect("hold the lock by hand");
-    });
-    entered_rx.await.expect("the hand-held lock was acquired");
-    (release_tx, holder)
-}
-
-// ---------------------------------------------------------------------------------------------
-// Parents.
-
 #[test]
 fn global_client_from_sage_lock_url() {
     for kind in ServerKind::ALL {
-        let url = harness::shared(kind).url();
-        run_child(
-            "child_connects_from_sage_lock_url",
-            &[(global::URL_VARIABLE, url)],
-        );
+        run_scenario("from-url", &[(URL_VARIABLE, harness::shared(kind).url())]);
     }
 }
 
 #[test]
 fn global_client_installed_with_service_defaults() {
     for kind in ServerKind::ALL {
-        let url = harness::shared(kind).url();
-        run_child(
-            "child_installed_client_and_defaults",
-            &[(URL_FOR_INSTALL, url)],
+        run_scenario(
+            "installed",
+            &[(URL_FOR_INSTALL, harness::shared(kind).url())],
         );
     }
 }
 
 #[test]
 fn no_global_client_is_a_clear_error() {
-    run_child("child_without_a_global_client", &[]);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Children.
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run in a child process by global_client_from_sage_lock_url"]
-async fn child_connects_from_sage_lock_url() {
-    let url = std::env::var(global::URL_VARIABLE).expect("SAGE_LOCK_URL is set by the parent");
-    assert!(global::installed().is_none());
-    let hand_client = LockClient::connect(&url).await.expect("connect");
-    let hand: Locks<String> = hand_client
-        .lock_with(LockOptions::new().namespace("macro-global"))
-        .expect("options");
-
-    // The first annotated call connects the global client from SAGE_LOCK_URL.
-    let (namespace, key) = global_wait(41)
-        .await
-        .expect("global client from SAGE_LOCK_URL");
-    assert_eq!(
-        (namespace.as_str(), key.as_str()),
-        ("macro-global", "global:41")
-    );
-    assert!(global::installed().is_some(), "connected once and kept");
-
-    // It is the server behind SAGE_LOCK_URL: a lock held there by hand is busy for the macro.
-    let (release, holder) = hold_by_hand(&hand, "global:42").await;
-    assert!(global_try(42).await.expect("try").is_none());
-    let _ = release.send(());
-    holder.await.expect("holder");
-    let seen = global_try(42)
-        .await
-        .expect("try")
-        .expect("free after release");
-    assert_eq!(seen, ("macro-global".to_owned(), "global:42".to_owned()));
-
-    // Built-in defaults: namespace "lock", lease 30 s.
-    let ((namespace, key), remaining) = with_defaults(1).await.expect("defaults").expect("free");
-    assert_eq!((namespace.as_str(), key.as_str()), ("lock", "defaults:1"));
-    assert!(remaining > Duration::from_secs(20), "{remaining:?}");
-
-    // Installing after the lazy connect is refused: the first client stays.
-    assert!(global::install(hand_client).is_err());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run in a child process by global_client_installed_with_service_defaults"]
-async fn child_installed_client_and_defaults() {
-    let url = std::env::var(URL_FOR_INSTALL).expect("set by the parent");
-    global::set_defaults(
-        ServiceDefaults::new()
-            .namespace("macro-global-defaults")
-            .lease(Duration::from_secs(10)),
-    )
-    .expect("set the defaults once");
-    let client = LockClient::connect(&url).await.expect("connect");
-    global::install(client.clone()).expect("install once");
-    assert!(
-        global::install(client.clone()).is_err(),
-        "a second install is an error"
-    );
-
-    // Unset arguments take the service defaults; explicit ones win.
-    let ((namespace, key), remaining) = with_defaults(5).await.expect("defaults").expect("free");
-    assert_eq!(
-        (namespace.as_str(), key.as_str()),
-        ("macro-global-defaults", "defaults:5")
-    );
-    assert!(remaining <= Duration::from_secs(10), "{remaining:?}");
-    let seen = global_try(5).await.expect("try").expect("free");
-    assert_eq!(seen.0, "macro-global");
-
-    // The installed client's server is the one locked.
-    let hand: Locks<String> = client
-        .lock_with(LockOptions::new().namespace("macro-global-defaults"))
-        .expect("options");
-    let (release, holder) = hold_by_hand(&hand, "defaults:6").await;
-    assert!(with_defaults(6).await.expect("try").is_none());
-    let _ = release.send(());
-    holder.await.expect("holder");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run in a child process by no_global_client_is_a_clear_error"]
-async fn child_without_a_global_client() {
-    assert!(
-        std::env::var(global::URL_VARIABLE).is_err(),
-        "removed by the parent"
-    );
-    match global_try(1).await {
-        Err(AppError::Lock(error @ LockError::InvalidArgument { .. })) => {
-            let message = error.to_string();
-            assert!(message.contains("SAGE_LOCK_URL"), "{message}");
-            assert!(message.contains("install"), "{message}");
-        }
-        other => panic!("expected InvalidArgument through From<LockError>, got {other:?}"),
-    }
-    let error = global_wait(1).await.expect_err("no global client");
-    assert!(error.downcast_ref::<LockError>().is_some(), "{error}");
+    run_scenario("without-client", &[]);
 }

@@ -12,7 +12,12 @@ use harness::{Replicated, ServerKind};
 use sage_lock::{LockClient, LockError, LockOptions, Locks, LossReason, TimeoutReason};
 
 fn target(kind: ServerKind) -> Target {
-    Target { kind, url: harness::shared_replicated(kind).primary_url(), replicated: true, label: "replicated" }
+    Target {
+        kind,
+        url: harness::shared_replicated(kind).primary_url(),
+        replicated: true,
+        label: "replicated",
+    }
 }
 
 macro_rules! on_both_servers {
@@ -47,28 +52,65 @@ on_both_servers!(
 async fn role_and_wait_are_sent_and_replicas_have_the_lock() {
     for kind in ServerKind::ALL {
         let setup = Replicated::start(kind, 2);
-        let client = LockClient::builder().url(&setup.primary_url()).replicated(true).connect().await.expect("connect");
-        let locks: Locks<str> = client.lock_with(LockOptions::new().namespace("ack").lease(Duration::from_millis(300))).expect("opts");
+        let client = LockClient::builder()
+            .url(&setup.primary_url())
+            .replicated(true)
+            .connect()
+            .await
+            .expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("ack")
+                    .lease(Duration::from_millis(300)),
+            )
+            .expect("opts");
         let server_key = String::from_utf8(LockClient::server_key("ack", "k")).expect("utf8");
         locks
             .with_lock("k", Duration::from_secs(2), async {
                 // Acknowledged by both replicas before the body started.
                 for replica in &setup.replicas {
                     let value = replica.cmd(&["GET", &server_key]).expect("GET on replica");
-                    assert!(!value.is_nil(), "{}: replica {} lacks the lock key", kind.name(), replica.port());
+                    assert!(
+                        !value.is_nil(),
+                        "{}: replica {} lacks the lock key",
+                        kind.name(),
+                        replica.port()
+                    );
                 }
                 tokio::time::sleep(Duration::from_millis(400)).await; // at least one renewal
             })
             .await
             .expect("lock");
         let port = setup.primary.port();
-        assert!(harness::commandstats_calls(port, "role") >= 2, "{}", kind.name());
-        assert!(harness::commandstats_calls(port, "wait") >= 2, "{}", kind.name());
+        assert!(
+            harness::commandstats_calls(port, "role") >= 2,
+            "{}",
+            kind.name()
+        );
+        assert!(
+            harness::commandstats_calls(port, "wait") >= 2,
+            "{}",
+            kind.name()
+        );
         // Acknowledgement off: ROLE still, WAIT no more.
         let waits = harness::commandstats_calls(port, "wait");
-        let fast: Locks<str> = client.lock_with(LockOptions::new().namespace("noack").replica_acknowledgement(false)).expect("opts");
-        fast.with_lock("k", Duration::from_secs(1), async {}).await.expect("lock");
-        assert_eq!(harness::commandstats_calls(port, "wait"), waits, "{}", kind.name());
+        let fast: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("noack")
+                    .replica_acknowledgement(false),
+            )
+            .expect("opts");
+        fast.with_lock("k", Duration::from_secs(1), async {})
+            .await
+            .expect("lock");
+        assert_eq!(
+            harness::commandstats_calls(port, "wait"),
+            waits,
+            "{}",
+            kind.name()
+        );
     }
 }
 
@@ -78,30 +120,75 @@ async fn role_and_wait_are_sent_and_replicas_have_the_lock() {
 async fn stopped_replica_blocks_acknowledged_acquisition() {
     for kind in ServerKind::ALL {
         let setup = Replicated::start(kind, 2);
-        let client = LockClient::builder().url(&setup.primary_url()).replicated(true).connect().await.expect("connect");
-        let acked: Locks<str> = client.lock_with(LockOptions::new().namespace("stop-ack")).expect("opts");
-        let unacked: Locks<str> =
-            client.lock_with(LockOptions::new().namespace("stop-noack").replica_acknowledgement(false)).expect("opts");
-        acked.with_lock("k", Duration::from_secs(2), async {}).await.expect("healthy");
+        let client = LockClient::builder()
+            .url(&setup.primary_url())
+            .replicated(true)
+            .connect()
+            .await
+            .expect("connect");
+        let acked: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("stop-ack"))
+            .expect("opts");
+        let unacked: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("stop-noack")
+                    .replica_acknowledgement(false),
+            )
+            .expect("opts");
+        acked
+            .with_lock("k", Duration::from_secs(2), async {})
+            .await
+            .expect("healthy");
         setup.replicas[1].pause();
         let ran = AtomicBool::new(false);
         let started = Instant::now();
-        let result = acked.with_lock("k", Duration::from_millis(500), async { ran.store(true, Ordering::SeqCst) }).await;
+        let result = acked
+            .with_lock("k", Duration::from_millis(500), async {
+                ran.store(true, Ordering::SeqCst)
+            })
+            .await;
         let elapsed = started.elapsed();
         let outcome = format!("{result:?}");
-        let ok_without_ack = unacked.with_lock("k", Duration::from_secs(1), async { 3 }).await;
+        let ok_without_ack = unacked
+            .with_lock("k", Duration::from_secs(1), async { 3 })
+            .await;
         setup.replicas[1].resume();
         match result {
-            Err(LockError::TimedOut { reason: TimeoutReason::NotAcknowledged { acknowledged: 1, required: 2 }, .. }) => {}
-            _ => panic!("{}: expected TimedOut(NotAcknowledged 1/2), got {outcome}", kind.name()),
+            Err(LockError::TimedOut {
+                reason:
+                    TimeoutReason::NotAcknowledged {
+                        acknowledged: 1,
+                        required: 2,
+                    },
+                ..
+            }) => {}
+            _ => panic!(
+                "{}: expected TimedOut(NotAcknowledged 1/2), got {outcome}",
+                kind.name()
+            ),
         }
-        assert!(!ran.load(Ordering::SeqCst), "body ran without acknowledgement");
-        assert!(elapsed < Duration::from_millis(500 + 1500), "took {elapsed:?}");
-        assert_eq!(ok_without_ack.expect("ack off ignores the stopped replica"), 3);
+        assert!(
+            !ran.load(Ordering::SeqCst),
+            "body ran without acknowledgement"
+        );
+        assert!(
+            elapsed < Duration::from_millis(500 + 1500),
+            "took {elapsed:?}"
+        );
+        assert_eq!(
+            ok_without_ack.expect("ack off ignores the stopped replica"),
+            3
+        );
         // The lock was released again after the failed acknowledgement.
-        let again = acked.with_lock("k", Duration::from_secs(5), async { 4 }).await;
+        let again = acked
+            .with_lock("k", Duration::from_secs(5), async { 4 })
+            .await;
         assert_eq!(again.expect("after resume"), 4);
-        println!("{}: stopped replica -> TimedOut after {elapsed:?} (wait 500ms)", kind.name());
+        println!(
+            "{}: stopped replica -> TimedOut after {elapsed:?} (wait 500ms)",
+            kind.name()
+        );
     }
 }
 
@@ -111,9 +198,16 @@ async fn stopped_replica_blocks_acknowledged_acquisition() {
 async fn stalled_replica_loses_held_lock() {
     for kind in ServerKind::ALL {
         let setup = Replicated::start(kind, 1);
-        let client = LockClient::builder().url(&setup.primary_url()).replicated(true).connect().await.expect("connect");
+        let client = LockClient::builder()
+            .url(&setup.primary_url())
+            .replicated(true)
+            .connect()
+            .await
+            .expect("connect");
         let lease = Duration::from_millis(600);
-        let locks: Locks<str> = client.lock_with(LockOptions::new().namespace("stall").lease(lease)).expect("opts");
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("stall").lease(lease))
+            .expect("opts");
         let finished = AtomicBool::new(false);
         let mut stalled_at = None;
         let result = locks
@@ -128,13 +222,26 @@ async fn stalled_replica_loses_held_lock() {
         setup.replicas[0].resume();
         let detected_after = stalled_at.map(|t| t.elapsed());
         match result {
-            Err(LockError::LockLost { reason: LossReason::NotAcknowledged { .. }, .. }) => {}
-            other => panic!("{}: expected LockLost(NotAcknowledged), got {other:?}", kind.name()),
+            Err(LockError::LockLost {
+                reason: LossReason::NotAcknowledged { .. },
+                ..
+            }) => {}
+            other => panic!(
+                "{}: expected LockLost(NotAcknowledged), got {other:?}",
+                kind.name()
+            ),
         }
         assert!(!finished.load(Ordering::SeqCst));
         let detected_after = detected_after.unwrap_or_default();
-        assert!(detected_after <= lease + Duration::from_millis(500), "{}: detected after {detected_after:?}", kind.name());
-        println!("{}: stalled replica -> LockLost {detected_after:?} after the stall (lease {lease:?})", kind.name());
+        assert!(
+            detected_after <= lease + Duration::from_millis(500),
+            "{}: detected after {detected_after:?}",
+            kind.name()
+        );
+        println!(
+            "{}: stalled replica -> LockLost {detected_after:?} after the stall (lease {lease:?})",
+            kind.name()
+        );
     }
 }
 
@@ -145,23 +252,42 @@ async fn missing_acl_permissions_are_named() {
         let setup = &harness::shared_replicated(kind);
         let port = setup.primary.port();
         for (user, denied) in [("norole", "-role"), ("nowait", "-wait")] {
-            setup.primary.cmd_ok(&["ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", denied]);
+            setup.primary.cmd_ok(&[
+                "ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", denied,
+            ]);
             let url = format!("redis://{user}:pw@127.0.0.1:{port}");
-            let client = LockClient::builder().url(&url).replicated(true).connect().await.expect("connect");
-            let locks: Locks<str> = client.lock_with(LockOptions::new().namespace(format!("acl-{user}"))).expect("opts");
+            let client = LockClient::builder()
+                .url(&url)
+                .replicated(true)
+                .connect()
+                .await
+                .expect("connect");
+            let locks: Locks<str> = client
+                .lock_with(LockOptions::new().namespace(format!("acl-{user}")))
+                .expect("opts");
             let result = locks.with_lock("k", Duration::from_secs(1), async {}).await;
             let Err(error @ LockError::Backend { .. }) = result else {
                 panic!("{}: {user} locked anyway: {result:?}", kind.name());
             };
             let text = error.to_string();
             let command = &denied[1..];
-            assert!(text.contains("NOPERM") && text.to_lowercase().contains(command), "{text}");
+            assert!(
+                text.contains("NOPERM") && text.to_lowercase().contains(command),
+                "{text}"
+            );
             assert!(text.contains("grant them"), "{text}");
             if user == "nowait" {
                 let relaxed: Locks<str> = client
-                    .lock_with(LockOptions::new().namespace("acl-relaxed").replica_acknowledgement(false))
+                    .lock_with(
+                        LockOptions::new()
+                            .namespace("acl-relaxed")
+                            .replica_acknowledgement(false),
+                    )
                     .expect("opts");
-                relaxed.with_lock("k", Duration::from_secs(1), async {}).await.expect("ROLE alone is allowed");
+                relaxed
+                    .with_lock("k", Duration::from_secs(1), async {})
+                    .await
+                    .expect("ROLE alone is allowed");
             }
         }
     }
@@ -179,14 +305,33 @@ async fn full_pool_delays_acknowledged_acquisition() {
         .connect()
         .await
         .expect("connect");
-    let locks: Locks<str> = client.lock_with(LockOptions::new().namespace("pool")).expect("opts");
-    locks.with_lock("k", Duration::from_secs(1), async {}).await.expect("pool free");
-    let borrowed = client.dedicated_connection(Duration::from_secs(1)).await.expect("borrow");
-    let result = locks.with_lock("k", Duration::from_millis(300), async {}).await;
+    let locks: Locks<str> = client
+        .lock_with(LockOptions::new().namespace("pool"))
+        .expect("opts");
+    locks
+        .with_lock("k", Duration::from_secs(1), async {})
+        .await
+        .expect("pool free");
+    let borrowed = client
+        .dedicated_connection(Duration::from_secs(1))
+        .await
+        .expect("borrow");
+    let result = locks
+        .with_lock("k", Duration::from_millis(300), async {})
+        .await;
     assert!(
-        matches!(result, Err(LockError::TimedOut { reason: TimeoutReason::PoolExhausted { max_connections: 1 }, .. })),
+        matches!(
+            result,
+            Err(LockError::TimedOut {
+                reason: TimeoutReason::PoolExhausted { max_connections: 1 },
+                ..
+            })
+        ),
         "{result:?}"
     );
     drop(borrowed);
-    locks.with_lock("k", Duration::from_secs(1), async {}).await.expect("pool free again");
+    locks
+        .with_lock("k", Duration::from_secs(1), async {})
+        .await
+        .expect("pool free again");
 }

@@ -10,7 +10,12 @@ use harness::{SentinelSetup, ServerKind};
 use sage_lock::{Deployment, LockClient, LockError, LockOptions, Locks};
 
 fn target(kind: ServerKind) -> Target {
-    Target { kind, url: harness::shared_sentinel(kind).url(), replicated: false, label: "sentinel" }
+    Target {
+        kind,
+        url: harness::shared_sentinel(kind).url(),
+        replicated: false,
+        label: "sentinel",
+    }
 }
 
 macro_rules! on_both_servers {
@@ -49,9 +54,13 @@ async fn failover_loses_held_lock_then_new_primary_serves() {
     for kind in ServerKind::ALL {
         let setup = SentinelSetup::start(kind);
         let old_primary = setup.current_primary_port();
-        let client = LockClient::connect(&setup.url()).await.expect("connect through sentinel");
+        let client = LockClient::connect(&setup.url())
+            .await
+            .expect("connect through sentinel");
         let lease = Duration::from_secs(1);
-        let locks: Locks<str> = client.lock_with(LockOptions::new().namespace("failover").lease(lease)).expect("opts");
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("failover").lease(lease))
+            .expect("opts");
         let mut failover_at = None;
         let result = locks
             .with_lock("k", Duration::from_secs(5), async {
@@ -64,16 +73,43 @@ async fn failover_loses_held_lock_then_new_primary_serves() {
             .await;
         let detected = failover_at.map(|t| t.elapsed()).unwrap_or_default();
         let Err(LockError::LockLost { ref reason, .. }) = result else {
-            panic!("{}: expected LockLost after failover, got {result:?}", kind.name());
+            panic!(
+                "{}: expected LockLost after failover, got {result:?}",
+                kind.name()
+            );
         };
-        println!("{}: sentinel failover -> LockLost after {detected:?}: {reason}", kind.name());
-        assert!(detected < Duration::from_secs(10), "{}: detection took {detected:?}", kind.name());
-        let new_primary = setup.wait_for_failover(old_primary, Duration::from_secs(20)).expect("failover completes");
+        println!(
+            "{}: sentinel failover -> LockLost after {detected:?}: {reason}",
+            kind.name()
+        );
+        assert!(
+            detected < Duration::from_secs(10),
+            "{}: detection took {detected:?}",
+            kind.name()
+        );
+        let new_primary = setup
+            .wait_for_failover(old_primary, Duration::from_secs(20))
+            .expect("failover completes");
         assert_ne!(new_primary, old_primary);
         let started = Instant::now();
-        let value = locks.with_lock("k", Duration::from_secs(20), async { 9 }).await;
-        assert_eq!(value.expect("acquire on the new primary"), 9, "{}", kind.name());
-        println!("{}: first acquisition after failover took {:?}", kind.name(), started.elapsed());
-        assert!(harness::commandstats_calls(new_primary, "evalsha") + harness::commandstats_calls(new_primary, "eval") > 0);
+        let value = locks
+            .with_lock("k", Duration::from_secs(20), async { 9 })
+            .await;
+        assert_eq!(
+            value.expect("acquire on the new primary"),
+            9,
+            "{}",
+            kind.name()
+        );
+        println!(
+            "{}: first acquisition after failover took {:?}",
+            kind.name(),
+            started.elapsed()
+        );
+        assert!(
+            harness::commandstats_calls(new_primary, "evalsha")
+                + harness::commandstats_calls(new_primary, "eval")
+                > 0
+        );
     }
 }

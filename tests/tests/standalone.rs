@@ -46,10 +46,23 @@ async fn standalone_sends_no_role_or_wait() {
         let client = LockClient::connect(&server.url()).await.expect("connect");
         let locks = client.lock::<str>();
         for i in 0..20 {
-            locks.with_lock(&format!("k{i}"), Duration::from_secs(1), async {}).await.expect("lock");
+            locks
+                .with_lock(&format!("k{i}"), Duration::from_secs(1), async {})
+                .await
+                .expect("lock");
         }
-        assert_eq!(harness::commandstats_calls(server.port(), "role"), 0, "{}", kind.name());
-        assert_eq!(harness::commandstats_calls(server.port(), "wait"), 0, "{}", kind.name());
+        assert_eq!(
+            harness::commandstats_calls(server.port(), "role"),
+            0,
+            "{}",
+            kind.name()
+        );
+        assert_eq!(
+            harness::commandstats_calls(server.port(), "wait"),
+            0,
+            "{}",
+            kind.name()
+        );
         assert!(harness::commandstats_calls(server.port(), "evalsha") >= 40);
     }
 }
@@ -58,21 +71,35 @@ async fn standalone_sends_no_role_or_wait() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_url_and_unreachable_server() {
     let bad = LockClient::connect("http://127.0.0.1:1").await;
-    let Err(LockError::InvalidArgument { argument: "url", message }) = bad else {
+    let Err(LockError::InvalidArgument {
+        argument: "url",
+        message,
+    }) = bad
+    else {
         panic!("http URL accepted: {bad:?}");
     };
     assert!(message.contains("redis://"), "{message}");
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
     let started = Instant::now();
     let down = LockClient::builder()
         .url(&format!("redis://127.0.0.1:{port}"))
         .connect_timeout(Duration::from_secs(2))
         .connect()
         .await;
-    let Err(error @ LockError::Backend { .. }) = down else { panic!("connected to nothing: {down:?}") };
+    let Err(error @ LockError::Backend { .. }) = down else {
+        panic!("connected to nothing: {down:?}")
+    };
     assert!(error.to_string().contains("could not connect"), "{error}");
-    assert!(started.elapsed() < Duration::from_secs(4), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        started.elapsed()
+    );
 }
 
 /// The server going away mid-wait gives `TimedOut(Unavailable)` within the wait plus cleanup,
@@ -82,22 +109,44 @@ async fn server_down_then_back() {
     for kind in ServerKind::ALL {
         let server = Server::start(kind);
         let client = LockClient::connect(&server.url()).await.expect("connect");
-        let locks: Locks<str> = client.lock_with(LockOptions::new().namespace("down")).expect("opts");
-        locks.with_lock("k", Duration::from_secs(1), async {}).await.expect("before");
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("down"))
+            .expect("opts");
+        locks
+            .with_lock("k", Duration::from_secs(1), async {})
+            .await
+            .expect("before");
         server.kill();
         let started = Instant::now();
-        let result = locks.with_lock("k", Duration::from_millis(500), async {}).await;
+        let result = locks
+            .with_lock("k", Duration::from_millis(500), async {})
+            .await;
         let elapsed = started.elapsed();
         assert!(
-            matches!(result, Err(LockError::TimedOut { reason: TimeoutReason::Unavailable(_), .. })),
+            matches!(
+                result,
+                Err(LockError::TimedOut {
+                    reason: TimeoutReason::Unavailable(_),
+                    ..
+                })
+            ),
             "{}: {result:?}",
             kind.name()
         );
-        assert!(elapsed < Duration::from_millis(500 + 1500), "{}: took {elapsed:?}", kind.name());
+        assert!(
+            elapsed < Duration::from_millis(500 + 1500),
+            "{}: took {elapsed:?}",
+            kind.name()
+        );
         let tried = locks.try_with_lock("k", async {}).await;
-        assert!(matches!(tried, Err(LockError::TimedOut { .. })), "{tried:?}");
+        assert!(
+            matches!(tried, Err(LockError::TimedOut { .. })),
+            "{tried:?}"
+        );
         server.restart();
-        let back = locks.with_lock("k", Duration::from_secs(10), async { 5 }).await;
+        let back = locks
+            .with_lock("k", Duration::from_secs(10), async { 5 })
+            .await;
         assert_eq!(back.expect("after restart"), 5, "{}", kind.name());
     }
 }
@@ -124,16 +173,29 @@ async fn crashed_holder_expires_after_lease() {
             .expect("a line");
         assert!(line.starts_with("acquired"), "{line}");
         let client = target.client().await;
-        let locks: Locks<str> = client.lock_with(LockOptions::new().namespace(ns.as_str())).expect("opts");
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace(ns.as_str()))
+            .expect("opts");
         // Renewing holder: busy well past one lease.
         tokio::time::sleep(lease * 2).await;
-        assert_eq!(locks.try_with_lock("job", async {}).await.expect("try"), None, "holder lost its lock");
+        assert_eq!(
+            locks.try_with_lock("job", async {}).await.expect("try"),
+            None,
+            "holder lost its lock"
+        );
         child.start_kill().expect("SIGKILL");
         let _ = child.wait().await;
         let killed = Instant::now();
-        locks.with_lock("job", Duration::from_secs(10), async {}).await.expect("acquired after expiry");
+        locks
+            .with_lock("job", Duration::from_secs(10), async {})
+            .await
+            .expect("acquired after expiry");
         let waited = killed.elapsed();
-        assert!(waited <= lease + Duration::from_millis(700), "{}: waited {waited:?}", kind.name());
+        assert!(
+            waited <= lease + Duration::from_millis(700),
+            "{}: waited {waited:?}",
+            kind.name()
+        );
     }
 }
 
@@ -149,5 +211,8 @@ async fn lock_futures_are_send() {
     let waiting = assert_send(locks.with_lock(key.as_str(), Duration::from_secs(1), async { 1 }));
     assert_eq!(tokio::spawn(waiting).await.expect("join").expect("lock"), 1);
     let trying = assert_send(locks.try_with_lock(key.as_str(), async { 2 }));
-    assert_eq!(tokio::spawn(trying).await.expect("join").expect("lock"), Some(2));
+    assert_eq!(
+        tokio::spawn(trying).await.expect("join").expect("lock"),
+        Some(2)
+    );
 }

@@ -16,13 +16,21 @@ const STORE: &str = include_str!("../lua/fenced_store.lua");
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let [_, url, namespace, key, lease_ms, prefix, value] = args.as_slice() else {
-        return Err("usage: fenced_writer <url> <namespace> <key> <lease-ms> <store-prefix> <value>".into());
+        return Err(
+            "usage: fenced_writer <url> <namespace> <key> <lease-ms> <store-prefix> <value>".into(),
+        );
     };
     let client = LockClient::connect(url).await?;
     let locks = client.lock_with::<str>(
-        LockOptions::new().namespace(namespace.as_str()).lease(Duration::from_millis(lease_ms.parse()?)),
+        LockOptions::new()
+            .namespace(namespace.as_str())
+            .lease(Duration::from_millis(lease_ms.parse()?)),
     )?;
-    let keys = vec![format!("{prefix}:data"), format!("{prefix}:highest"), format!("{prefix}:rejected")];
+    let keys = vec![
+        format!("{prefix}:data"),
+        format!("{prefix}:highest"),
+        format!("{prefix}:rejected"),
+    ];
     let outcome = locks
         .with_lock(key.as_str(), Duration::from_secs(10), async {
             let token = sage_lock::current_lease().map_or(0, |l| l.fencing_token());
@@ -31,8 +39,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             // Deliberately blocking: this process "pauses" here, unaware of time passing.
             let mut line = String::new();
             let _ = std::io::stdin().lock().read_line(&mut line);
-            let accepted: i64 =
-                client.fred().eval(STORE, keys.clone(), vec![token.to_string(), value.clone()]).await?;
+            let accepted: i64 = client
+                .fred()
+                .eval(STORE, keys.clone(), vec![token.to_string(), value.clone()])
+                .await?;
             Ok::<i64, sage_lock::fred::error::Error>(accepted)
         })
         .await;

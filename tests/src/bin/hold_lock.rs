@@ -15,9 +15,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("usage: hold_lock <url> <namespace> <key> <lease-ms> [replicated]".into());
     };
     let replicated = rest.first().is_some_and(|r| r == "replicated");
-    let client = LockClient::builder().url(url).replicated(replicated).connect().await?;
+    let client = LockClient::builder()
+        .url(url)
+        .replicated(replicated)
+        .connect()
+        .await?;
     let locks = client.lock_with::<str>(
-        LockOptions::new().namespace(namespace.as_str()).lease(Duration::from_millis(lease_ms.parse()?)),
+        LockOptions::new()
+            .namespace(namespace.as_str())
+            .lease(Duration::from_millis(lease_ms.parse()?)),
     )?;
     locks
         .with_lock(key.as_str(), Duration::from_secs(30), async {

@@ -23,7 +23,12 @@ pub struct Target {
 
 impl Target {
     pub fn standalone(kind: ServerKind) -> Target {
-        Target { kind, url: harness::shared(kind).url(), replicated: false, label: "standalone" }
+        Target {
+            kind,
+            url: harness::shared(kind).url(),
+            replicated: false,
+            label: "standalone",
+        }
     }
 
     pub async fn client(&self) -> LockClient {
@@ -32,15 +37,32 @@ impl Target {
             .replicated(self.replicated)
             .connect()
             .await
-            .unwrap_or_else(|e| panic!("connect to {} {} at {}: {e}", self.kind.name(), self.label, self.url))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "connect to {} {} at {}: {e}",
+                    self.kind.name(),
+                    self.label,
+                    self.url
+                )
+            })
     }
 
     /// A namespace unique to this test and target.
     pub fn ns(&self, test: &str) -> String {
-        format!("{test}-{}-{}-{}", self.kind.name(), self.label, rand::random::<u32>())
+        format!(
+            "{test}-{}-{}-{}",
+            self.kind.name(),
+            self.label,
+            rand::random::<u32>()
+        )
     }
 
-    pub async fn locks<K: ?Sized>(&self, client: &LockClient, test: &str, lease: Duration) -> Locks<K> {
+    pub async fn locks<K: ?Sized>(
+        &self,
+        client: &LockClient,
+        test: &str,
+        lease: Duration,
+    ) -> Locks<K> {
         client
             .lock_with::<K>(LockOptions::new().namespace(self.ns(test)).lease(lease))
             .expect("valid options")
@@ -51,23 +73,39 @@ impl Target {
 pub async fn raw_set(client: &LockClient, key: &[u8], value: &str) {
     use sage_lock::fred::interfaces::KeysInterface;
     let key = sage_lock::fred::types::Key::from(key);
-    let _: () = client.fred().set(key, value, None, None, false).await.expect("SET");
+    let _: () = client
+        .fred()
+        .set(key, value, None, None, false)
+        .await
+        .expect("SET");
 }
 
 pub async fn raw_del(client: &LockClient, key: &[u8]) -> i64 {
     use sage_lock::fred::interfaces::KeysInterface;
-    client.fred().del(sage_lock::fred::types::Key::from(key)).await.expect("DEL")
+    client
+        .fred()
+        .del(sage_lock::fred::types::Key::from(key))
+        .await
+        .expect("DEL")
 }
 
 pub async fn raw_exists(client: &LockClient, key: &[u8]) -> bool {
     use sage_lock::fred::interfaces::KeysInterface;
-    let n: i64 = client.fred().exists(sage_lock::fred::types::Key::from(key)).await.expect("EXISTS");
+    let n: i64 = client
+        .fred()
+        .exists(sage_lock::fred::types::Key::from(key))
+        .await
+        .expect("EXISTS");
     n == 1
 }
 
 pub async fn raw_pttl(client: &LockClient, key: &[u8]) -> i64 {
     use sage_lock::fred::interfaces::KeysInterface;
-    client.fred().pttl(sage_lock::fred::types::Key::from(key)).await.expect("PTTL")
+    client
+        .fred()
+        .pttl(sage_lock::fred::types::Key::from(key))
+        .await
+        .expect("PTTL")
 }
 
 /// Many tasks increment a counter with a non-atomic read-modify-write under one lock; the final
@@ -81,7 +119,12 @@ pub async fn mutual_exclusion(target: &Target) {
     let (tasks, rounds) = (24, 10);
     let mut handles = Vec::new();
     for _ in 0..tasks {
-        let (locks, counter, inside, overlaps) = (locks.clone(), counter.clone(), inside.clone(), overlaps.clone());
+        let (locks, counter, inside, overlaps) = (
+            locks.clone(),
+            counter.clone(),
+            inside.clone(),
+            overlaps.clone(),
+        );
         handles.push(tokio::spawn(async move {
             for _ in 0..rounds {
                 locks
@@ -103,18 +146,27 @@ pub async fn mutual_exclusion(target: &Target) {
     for handle in handles {
         handle.await.expect("task");
     }
-    assert_eq!(counter.load(Ordering::SeqCst), tasks * rounds, "lost updates: exclusivity violated");
+    assert_eq!(
+        counter.load(Ordering::SeqCst),
+        tasks * rounds,
+        "lost updates: exclusivity violated"
+    );
     assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two bodies overlapped");
     let stats = client.stats();
     assert_eq!(stats.acquisitions, tasks * rounds);
-    assert!(stats.busy_retries > 0, "24 tasks on one key must have contended: {stats:?}");
+    assert!(
+        stats.busy_retries > 0,
+        "24 tasks on one key must have contended: {stats:?}"
+    );
 }
 
 /// A held lock makes a waiter time out after its wait (plus at most the cleanup second), without
 /// running its body.
 pub async fn timed_out_is_bounded(target: &Target) {
     let client = target.client().await;
-    let locks: Locks<str> = target.locks(&client, "timeout", Duration::from_secs(5)).await;
+    let locks: Locks<str> = target
+        .locks(&client, "timeout", Duration::from_secs(5))
+        .await;
     let (held_tx, held_rx) = tokio::sync::oneshot::channel();
     let holder = {
         let locks = locks.clone();
@@ -131,18 +183,31 @@ pub async fn timed_out_is_bounded(target: &Target) {
     let ran = AtomicBool::new(false);
     let started = Instant::now();
     let wait = Duration::from_millis(400);
-    let result = locks.with_lock("busy", wait, async { ran.store(true, Ordering::SeqCst) }).await;
+    let result = locks
+        .with_lock("busy", wait, async { ran.store(true, Ordering::SeqCst) })
+        .await;
     let elapsed = started.elapsed();
     match result {
-        Err(LockError::TimedOut { reason: TimeoutReason::Busy, waited, ref key, .. }) => {
+        Err(LockError::TimedOut {
+            reason: TimeoutReason::Busy,
+            waited,
+            ref key,
+            ..
+        }) => {
             assert_eq!(key, "busy");
             assert!(waited >= wait, "gave up early: {waited:?}");
         }
         other => panic!("expected TimedOut(Busy), got {other:?}"),
     }
     assert!(!ran.load(Ordering::SeqCst), "body ran without the lock");
-    assert!(elapsed >= wait && elapsed < wait + Duration::from_millis(1500), "took {elapsed:?}");
-    holder.await.expect("holder task").expect("holder kept its lock");
+    assert!(
+        elapsed >= wait && elapsed < wait + Duration::from_millis(1500),
+        "took {elapsed:?}"
+    );
+    holder
+        .await
+        .expect("holder task")
+        .expect("holder kept its lock");
 }
 
 /// `try_with_lock` on a busy lock: `Ok(None)` at once, body not run; on a free lock: `Some`.
@@ -153,7 +218,9 @@ pub async fn try_lock_busy_and_free(target: &Target) {
         .with_lock("k", Duration::from_secs(2), async {
             let ran = AtomicBool::new(false);
             let started = Instant::now();
-            let inner = locks.try_with_lock("k", async { ran.store(true, Ordering::SeqCst) }).await;
+            let inner = locks
+                .try_with_lock("k", async { ran.store(true, Ordering::SeqCst) })
+                .await;
             assert!(matches!(inner, Ok(None)), "busy try_lock gave {inner:?}");
             assert!(!ran.load(Ordering::SeqCst), "busy try_lock ran its body");
             assert!(started.elapsed() < Duration::from_secs(1));
@@ -161,14 +228,19 @@ pub async fn try_lock_busy_and_free(target: &Target) {
         })
         .await;
     assert_eq!(outer.expect("outer lock"), 7);
-    let free = locks.try_with_lock("k", async { 8 }).await.expect("free try_lock");
+    let free = locks
+        .try_with_lock("k", async { 8 })
+        .await
+        .expect("free try_lock");
     assert_eq!(free, Some(8));
 }
 
 /// A 100 ms lease survives a 1.2 s body through renewal; the key is gone after release.
 pub async fn renewal_keeps_short_lease(target: &Target) {
     let client = target.client().await;
-    let locks: Locks<str> = target.locks(&client, "renew", Duration::from_millis(100)).await;
+    let locks: Locks<str> = target
+        .locks(&client, "renew", Duration::from_millis(100))
+        .await;
     let server_key = LockClient::server_key(locks.namespace(), "long");
     let before = client.stats().renewals;
     let seen_ttls = locks
@@ -184,9 +256,19 @@ pub async fn renewal_keeps_short_lease(target: &Target) {
         })
         .await
         .expect("body ran to completion under renewal");
-    assert!(seen_ttls.iter().all(|ttl| *ttl > 0), "key expired mid-body: {seen_ttls:?}");
-    assert!(client.stats().renewals - before >= 8, "too few renewals: {:?}", client.stats());
-    assert!(!raw_exists(&client, &server_key).await, "release left the key behind");
+    assert!(
+        seen_ttls.iter().all(|ttl| *ttl > 0),
+        "key expired mid-body: {seen_ttls:?}"
+    );
+    assert!(
+        client.stats().renewals - before >= 8,
+        "too few renewals: {:?}",
+        client.stats()
+    );
+    assert!(
+        !raw_exists(&client, &server_key).await,
+        "release left the key behind"
+    );
 }
 
 /// Deleting the key from outside -> `LockLost(NotOwner)` and the body is cancelled.
@@ -202,13 +284,16 @@ pub async fn loss_when_key_overwritten(target: &Target) {
 
 async fn loss_case(target: &Target, test: &str, overwrite: bool) {
     let client = target.client().await;
-    let locks: Locks<str> = target.locks(&client, test, Duration::from_millis(300)).await;
+    let locks: Locks<str> = target
+        .locks(&client, test, Duration::from_millis(300))
+        .await;
     let server_key = LockClient::server_key(locks.namespace(), "victim");
     let finished = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let result = locks
         .with_lock("victim", Duration::from_secs(2), {
-            let (client, finished, server_key) = (client.clone(), finished.clone(), server_key.clone());
+            let (client, finished, server_key) =
+                (client.clone(), finished.clone(), server_key.clone());
             async move {
                 if overwrite {
                     raw_set(&client, &server_key, "someone-else").await;
@@ -221,18 +306,32 @@ async fn loss_case(target: &Target, test: &str, overwrite: bool) {
         })
         .await;
     match result {
-        Err(LockError::LockLost { reason: LossReason::NotOwner, .. }) => {}
+        Err(LockError::LockLost {
+            reason: LossReason::NotOwner,
+            ..
+        }) => {}
         other => panic!("expected LockLost(NotOwner), got {other:?}"),
     }
     // Detected at the next renewal (a third of the lease), not after the body.
-    assert!(started.elapsed() < Duration::from_secs(2), "loss detected late: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "loss detected late: {:?}",
+        started.elapsed()
+    );
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!finished.load(Ordering::SeqCst), "body was not cancelled");
     if overwrite {
         use sage_lock::fred::interfaces::KeysInterface;
-        let value: Option<String> =
-            client.fred().get(sage_lock::fred::types::Key::from(&server_key[..])).await.expect("GET");
-        assert_eq!(value.as_deref(), Some("someone-else"), "cleanup deleted another owner's key");
+        let value: Option<String> = client
+            .fred()
+            .get(sage_lock::fred::types::Key::from(&server_key[..]))
+            .await
+            .expect("GET");
+        assert_eq!(
+            value.as_deref(),
+            Some("someone-else"),
+            "cleanup deleted another owner's key"
+        );
     }
     assert!(client.stats().losses >= 1);
 }
@@ -240,21 +339,33 @@ async fn loss_case(target: &Target, test: &str, overwrite: bool) {
 /// Dropping the `with_lock` future (here through `tokio::time::timeout`) releases the lock.
 pub async fn cancellation_releases(target: &Target) {
     let client = target.client().await;
-    let locks: Locks<str> = target.locks(&client, "cancel", Duration::from_secs(20)).await;
+    let locks: Locks<str> = target
+        .locks(&client, "cancel", Duration::from_secs(20))
+        .await;
     let server_key = LockClient::server_key(locks.namespace(), "c");
     let outcome = tokio::time::timeout(
         Duration::from_millis(300),
-        locks.with_lock("c", Duration::from_secs(2), tokio::time::sleep(Duration::from_secs(60))),
+        locks.with_lock(
+            "c",
+            Duration::from_secs(2),
+            tokio::time::sleep(Duration::from_secs(60)),
+        ),
     )
     .await;
     assert!(outcome.is_err(), "the body should still have been running");
     let deadline = Instant::now() + Duration::from_secs(2);
     while raw_exists(&client, &server_key).await {
-        assert!(Instant::now() < deadline, "lock not released after cancellation");
+        assert!(
+            Instant::now() < deadline,
+            "lock not released after cancellation"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // And it is acquirable at once, long before its 20 s lease would have expired.
-    let again = locks.try_with_lock("c", async { 1 }).await.expect("try after cancel");
+    let again = locks
+        .try_with_lock("c", async { 1 })
+        .await
+        .expect("try after cancel");
     assert_eq!(again, Some(1));
 }
 
@@ -264,7 +375,9 @@ pub async fn namespaces_isolate(target: &Target) {
     let a: Locks<str> = target.locks(&client, "ns-a", Duration::from_secs(5)).await;
     let b: Locks<str> = target.locks(&client, "ns-b", Duration::from_secs(5)).await;
     let inner = a
-        .with_lock("shared-name", Duration::from_secs(2), async { b.try_with_lock("shared-name", async { 2 }).await })
+        .with_lock("shared-name", Duration::from_secs(2), async {
+            b.try_with_lock("shared-name", async { 2 }).await
+        })
         .await
         .expect("outer");
     assert_eq!(inner.expect("inner"), Some(2));
@@ -273,23 +386,38 @@ pub async fn namespaces_isolate(target: &Target) {
 /// Locks are not reentrant: the same key inside its own scope contends with the outer scope.
 pub async fn not_reentrant(target: &Target) {
     let client = target.client().await;
-    let locks: Locks<str> = target.locks(&client, "reentrant", Duration::from_secs(5)).await;
+    let locks: Locks<str> = target
+        .locks(&client, "reentrant", Duration::from_secs(5))
+        .await;
     let inner = locks
         .with_lock("r", Duration::from_secs(2), async {
-            locks.with_lock("r", Duration::from_millis(200), async { "inner ran" }).await
+            locks
+                .with_lock("r", Duration::from_millis(200), async { "inner ran" })
+                .await
         })
         .await
         .expect("outer");
-    assert!(matches!(inner, Err(LockError::TimedOut { .. })), "inner got {inner:?}");
+    assert!(
+        matches!(inner, Err(LockError::TimedOut { .. })),
+        "inner got {inner:?}"
+    );
 }
 
 /// A body's own error is returned untouched, and the lock is released afterwards.
 pub async fn body_error_untouched(target: &Target) {
     let client = target.client().await;
-    let locks: Locks<str> = target.locks(&client, "body-err", Duration::from_secs(5)).await;
-    let out: Result<Result<(), String>, LockError> =
-        locks.with_lock("e", Duration::from_secs(2), async { Err("domain failure".to_owned()) }).await;
-    assert_eq!(out.expect("lock itself fine"), Err("domain failure".to_owned()));
+    let locks: Locks<str> = target
+        .locks(&client, "body-err", Duration::from_secs(5))
+        .await;
+    let out: Result<Result<(), String>, LockError> = locks
+        .with_lock("e", Duration::from_secs(2), async {
+            Err("domain failure".to_owned())
+        })
+        .await;
+    assert_eq!(
+        out.expect("lock itself fine"),
+        Err("domain failure".to_owned())
+    );
     assert!(!raw_exists(&client, &LockClient::server_key(locks.namespace(), "e")).await);
 }
 
@@ -297,17 +425,33 @@ pub async fn body_error_untouched(target: &Target) {
 pub async fn binary_and_unicode_keys(target: &Target) {
     let client = target.client().await;
     let ns = target.ns("bytes");
-    let bytes: Locks<[u8]> = client.lock_with(LockOptions::new().namespace(ns.as_str())).expect("opts");
-    let text: Locks<str> = client.lock_with(LockOptions::new().namespace(ns.as_str())).expect("opts");
-    let keys: [&[u8]; 4] = [b"\x00\xff\xfe binary", "ключ-🔒".as_bytes(), b"{braces}:and}{more", b""];
+    let bytes: Locks<[u8]> = client
+        .lock_with(LockOptions::new().namespace(ns.as_str()))
+        .expect("opts");
+    let text: Locks<str> = client
+        .lock_with(LockOptions::new().namespace(ns.as_str()))
+        .expect("opts");
+    let keys: [&[u8]; 4] = [
+        b"\x00\xff\xfe binary",
+        "ключ-🔒".as_bytes(),
+        b"{braces}:and}{more",
+        b"",
+    ];
     for key in keys {
-        let other = bytes.try_with_lock(key, async { bytes.try_with_lock(key, async {}).await }).await;
-        assert!(matches!(other, Ok(Some(Ok(None)))), "key {key:?}: {other:?}");
+        let other = bytes
+            .try_with_lock(key, async { bytes.try_with_lock(key, async {}).await })
+            .await;
+        assert!(
+            matches!(other, Ok(Some(Ok(None)))),
+            "key {key:?}: {other:?}"
+        );
         assert!(!raw_exists(&client, &LockClient::server_key(&ns, key)).await);
     }
     // A UTF-8 string key and its bytes name the same lock.
     let same = text
-        .with_lock("ключ-🔒", Duration::from_secs(1), async { bytes.try_with_lock("ключ-🔒".as_bytes(), async {}).await })
+        .with_lock("ключ-🔒", Duration::from_secs(1), async {
+            bytes.try_with_lock("ключ-🔒".as_bytes(), async {}).await
+        })
         .await
         .expect("outer");
     assert!(matches!(same, Ok(None)));
@@ -338,14 +482,40 @@ pub async fn fencing_tokens_increase(target: &Target) {
 pub async fn invalid_arguments(target: &Target) {
     let client = target.client().await;
     let short = client.lock_with::<str>(LockOptions::new().lease(Duration::from_millis(29)));
-    let Err(LockError::InvalidArgument { argument: "lease", message }) = short else {
+    let Err(LockError::InvalidArgument {
+        argument: "lease",
+        message,
+    }) = short
+    else {
         panic!("lease 29ms accepted: {short:?}");
     };
     assert!(message.contains("30ms"), "{message}");
     let empty = client.lock_with::<str>(LockOptions::new().namespace(""));
-    assert!(matches!(empty, Err(LockError::InvalidArgument { argument: "namespace", .. })), "{empty:?}");
+    assert!(
+        matches!(
+            empty,
+            Err(LockError::InvalidArgument {
+                argument: "namespace",
+                ..
+            })
+        ),
+        "{empty:?}"
+    );
     let locks = client.lock::<str>();
     let zero = locks.with_lock("z", Duration::ZERO, async {}).await;
-    assert!(matches!(zero, Err(LockError::InvalidArgument { argument: "wait_timeout", .. })), "{zero:?}");
-    assert!(client.lock_with::<str>(LockOptions::new().lease(Duration::from_millis(30))).is_ok());
+    assert!(
+        matches!(
+            zero,
+            Err(LockError::InvalidArgument {
+                argument: "wait_timeout",
+                ..
+            })
+        ),
+        "{zero:?}"
+    );
+    assert!(
+        client
+            .lock_with::<str>(LockOptions::new().lease(Duration::from_millis(30)))
+            .is_ok()
+    );
 }
