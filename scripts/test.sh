@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
-exec cargo test --workspace "$@"
+exec cargo test --workspace --all-features "$@"

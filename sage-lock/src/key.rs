@@ -245,6 +245,13 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "uuid")]
+    #[test]
+    fn uuids_encode_hyphenated_lowercase() {
+        let id = uuid::Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
+        assert_eq!(encoded(&id), b"01234567-89ab-cdef-0123-456789abcdef");
+    }
+
     #[test]
     fn printable_escapes_binary() {
         assert_eq!(printable(b"caf\xc3\xa9"), "café");
