@@ -20,7 +20,8 @@ use crate::key::{KeyCodec, LockKeys};
 use crate::locks::{LockOptions, Locks};
 use crate::observe::{LockStats, Stats};
 use crate::pool::{DedicatedConnection, DedicatedPool, PoolError, close_in_background};
-use crate::scripts::{AcquireReply, Script, Scripts, is_noscript, parse_acquire, parse_flag};
+use crate::renewal::Renewer;
+use crate::scripts::{AcquireReply, ScriptCall, Scripts, is_noscript, parse_acquire, parse_flag};
 use crate::topology::{Checked, Deployment, ReplicaHints, run_checked};
 
 /// Default size of the dedicated connection pool.
@@ -64,6 +65,7 @@ pub(crate) struct ClientInner {
     pub(crate) hints: ReplicaHints,
     pub(crate) stats: Stats,
     pub(crate) command_timeout: Duration,
+    pub(crate) renewer: Renewer,
     /// Tasks of this process waiting for a key, woken when this process releases it.
     waiters: Mutex<HashMap<Vec<u8>, Arc<Notify>>>,
 }
@@ -122,6 +124,7 @@ impl LockClient {
                 hints: ReplicaHints::default(),
                 stats: Stats::default(),
                 command_timeout,
+                renewer: Renewer::default(),
                 waiters: Mutex::new(HashMap::new()),
             }),
         }
@@ -172,7 +175,7 @@ impl LockClient {
     pub fn server_key<Q: KeyCodec + ?Sized>(namespace: &str, key: &Q) -> Vec<u8> {
         let mut encoded = Vec::new();
         key.encode_key(&mut encoded);
-        LockKeys::new(namespace, &encoded).lock
+        LockKeys::new(namespace, &encoded).lock.to_vec()
     }
 
     /// Borrows a connection from the dedicated pool (shared with replica-acknowledged lock
@@ -452,33 +455,29 @@ pub(crate) enum Ack {
 }
 
 impl ClientInner {
-    /// Runs a lock script with the checks the deployment needs, within `deadline`.
-    async fn run(
+    /// Runs a lock script with the checks the deployment needs, within `deadline`. Also returns
+    /// the node that answered (replicated deployments), for role-change detection.
+    pub(crate) async fn run(
         &self,
-        script: &Script,
-        keys: &LockKeys,
-        args: Vec<Value>,
+        call: &ScriptCall<'_>,
         replica_ack: bool,
         deadline: Instant,
         granted_by: Option<&Server>,
     ) -> Result<(Value, Ack, Option<Server>), OpError> {
         let limit = deadline.min(Instant::now() + self.command_timeout);
         if !self.deployment.is_replicated() {
-            let call = run_plain(&self.fred, script, keys, args);
-            return match tokio::time::timeout_at(limit, call).await {
+            return match tokio::time::timeout_at(limit, run_plain(&self.fred, call)).await {
                 Ok(result) => Ok((result?, Ack::Confirmed, None)),
                 Err(_) => Err(OpError::Failed(timeout_error())),
             };
         }
         if !replica_ack {
-            let call = run_checked(&self.fred, &self.hints, script, keys, args, None);
-            return match tokio::time::timeout_at(limit, call).await {
-                Ok(result) => Ok(judge(
-                    result?,
-                    &self.fred,
-                    serving_node(&self.fred, keys.slot),
-                    granted_by,
-                )),
+            let checked = run_checked(&self.fred, &self.hints, call, None);
+            return match tokio::time::timeout_at(limit, checked).await {
+                Ok(result) => {
+                    let node = serving_node(&self.fred, call.slot);
+                    Ok(judge(result?, &self.fred, node, granted_by))
+                }
                 Err(_) => Err(OpError::Failed(timeout_error())),
             };
         }
@@ -491,19 +490,11 @@ impl ClientInner {
         let wait_until = deadline
             .checked_sub(Duration::from_millis(5))
             .unwrap_or(deadline);
-        let call = run_checked(
-            &loan.conn,
-            &self.hints,
-            script,
-            keys,
-            args,
-            Some(wait_until),
-        );
+        let checked = run_checked(&loan.conn, &self.hints, call, Some(wait_until));
         let grace = Duration::from_millis(250).min(self.command_timeout);
-        let result = tokio::time::timeout_at(deadline + grace, call).await;
-        match result {
+        match tokio::time::timeout_at(deadline + grace, checked).await {
             Ok(Ok(checked)) => {
-                let node = serving_node(&loan.conn, keys.slot);
+                let node = serving_node(&loan.conn, call.slot);
                 let judged = judge(checked, &loan.conn, node, granted_by);
                 self.pool.put_back(loan);
                 Ok(judged)
@@ -528,43 +519,9 @@ impl ClientInner {
         deadline: Instant,
     ) -> Result<(AcquireReply, Ack, Option<Server>), OpError> {
         let args = vec![Value::from(token), Value::Integer(millis(lease))];
-        let (value, ack, node) = self
-            .run(
-                &self.scripts.acquire,
-                keys,
-                args,
-                replica_ack,
-                deadline,
-                None,
-            )
-            .await?;
+        let call = self.scripts.acquire.on_lock(keys, args);
+        let (value, ack, node) = self.run(&call, replica_ack, deadline, None).await?;
         Ok((parse_acquire(value)?, ack, node))
-    }
-
-    /// Extends the lease; `Ok((false, _))` when the key no longer holds `token`. On replicated
-    /// deployments a primary other than `granted_by` now serving the slot counts as a role change.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn renew(
-        &self,
-        keys: &LockKeys,
-        token: &str,
-        lease: Duration,
-        replica_ack: bool,
-        deadline: Instant,
-        granted_by: Option<&Server>,
-    ) -> Result<(bool, Ack), OpError> {
-        let args = vec![Value::from(token), Value::Integer(millis(lease))];
-        let (value, ack, _) = self
-            .run(
-                &self.scripts.renew,
-                keys,
-                args,
-                replica_ack,
-                deadline,
-                granted_by,
-            )
-            .await?;
-        Ok((parse_flag(&value)?, ack))
     }
 
     /// Deletes the key if it still holds `token`; wakes this process's waiters for it.
@@ -574,9 +531,8 @@ impl ClientInner {
         token: &str,
         deadline: Instant,
     ) -> Result<bool, OpError> {
-        let args = vec![Value::from(token)];
-        let call = run_plain(&self.fred, &self.scripts.release, keys, args);
-        let released = match tokio::time::timeout_at(deadline, call).await {
+        let call = self.scripts.release.on_lock(keys, vec![Value::from(token)]);
+        let released = match tokio::time::timeout_at(deadline, run_plain(&self.fred, &call)).await {
             Ok(result) => parse_flag(&result?)?,
             Err(_) => return Err(OpError::Failed(timeout_error())),
         };
@@ -683,17 +639,12 @@ fn judge(
 }
 
 /// `EVALSHA` on the shared connection, `EVAL` after `NOSCRIPT`.
-async fn run_plain(
-    fred: &Client,
-    script: &Script,
-    keys: &LockKeys,
-    args: Vec<Value>,
-) -> Result<Value, Error> {
-    let (cmd, cmd_args) = script.command(false, keys, args.clone());
-    match fred.custom::<Value, Value>(cmd, cmd_args).await {
+async fn run_plain(fred: &Client, call: &ScriptCall<'_>) -> Result<Value, Error> {
+    let (cmd, args) = call.command(false);
+    match fred.custom::<Value, Value>(cmd, args).await {
         Err(error) if is_noscript(&error) => {
-            let (cmd, cmd_args) = script.command(true, keys, args);
-            fred.custom(cmd, cmd_args).await
+            let (cmd, args) = call.command(true);
+            fred.custom(cmd, args).await
         }
         other => other,
     }

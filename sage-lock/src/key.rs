@@ -8,6 +8,8 @@
 
 use std::fmt::Write as _;
 
+use fred::bytes::Bytes;
+
 /// Turns a lock key into bytes. All processes that protect the same resource must encode its key
 /// the same way.
 ///
@@ -150,9 +152,9 @@ tuple_codec!(A, B, C, D, E, F);
 #[derive(Debug, Clone)]
 pub(crate) struct LockKeys {
     /// `{ns:key}`: holds the owner's token, with the lease as its TTL.
-    pub(crate) lock: Vec<u8>,
+    pub(crate) lock: Bytes,
     /// `{ns:key}:fence`: the fencing counter, incremented on every acquisition.
-    pub(crate) fence: Vec<u8>,
+    pub(crate) fence: Bytes,
     /// The Redis Cluster hash slot of both keys.
     pub(crate) slot: u16,
     /// The user's key, printable, for errors and traces.
@@ -168,12 +170,13 @@ impl LockKeys {
         lock.push(b':');
         escape_into(key, false, &mut lock);
         lock.push(b'}');
-        let mut fence = lock.clone();
-        fence.extend_from_slice(b":fence");
         let slot = fred::util::redis_keyslot(&lock);
+        let mut fence = Vec::with_capacity(lock.len() + 6);
+        fence.extend_from_slice(&lock);
+        fence.extend_from_slice(b":fence");
         LockKeys {
-            lock,
-            fence,
+            lock: Bytes::from(lock),
+            fence: Bytes::from(fence),
             slot,
             display: printable(key),
         }
@@ -240,7 +243,7 @@ mod tests {
             LockKeys::new("a", b"b:c").lock
         );
         assert_eq!(
-            LockKeys::new("lock", b"account:42").lock,
+            &LockKeys::new("lock", b"account:42").lock[..],
             b"{lock:account:42}"
         );
     }

@@ -114,6 +114,10 @@ impl Lease {
         self.state.acquired_at.elapsed()
     }
 
+    pub(crate) fn acquired_at(&self) -> Instant {
+        self.state.acquired_at
+    }
+
     pub(crate) fn valid_until(&self) -> Instant {
         self.state.acquired_at
             + Duration::from_nanos(self.state.valid_for_nanos.load(Ordering::Acquire))

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
@@ -17,7 +16,7 @@ use crate::global;
 use crate::key::{KeyCodec, LockKeys};
 use crate::lease::{Lease, drift, scope};
 use crate::observe::{Event, Stats};
-use crate::renewal::Renewal;
+use crate::renewal::{Registration, Renewal, Renewer};
 use crate::retry::{Backoff, Failure, classify, remaining};
 use crate::scripts::AcquireReply;
 
@@ -298,7 +297,6 @@ async fn run<F: Future>(
     };
     let (lost_tx, lost_rx) = oneshot::channel();
     let renewal = Renewal {
-        client: Arc::clone(&client),
         keys: Arc::clone(&keys),
         token: Arc::clone(&held.token),
         lease_duration: settings.lease,
@@ -306,7 +304,7 @@ async fn run<F: Future>(
         lease: held.lease.clone(),
         granted_by: held.granted_by.clone(),
     };
-    held.renewal = Some(tokio::spawn(renewal.run(lost_tx).instrument(span.clone())));
+    held.renewal = Some(Renewer::register(&client, renewal, lost_tx));
     let body = scope(held.lease.clone(), body);
     tokio::select! {
         biased;
@@ -329,7 +327,8 @@ struct Held {
     namespace: Arc<str>,
     token: Arc<str>,
     lease: Lease,
-    renewal: Option<JoinHandle<()>>,
+    /// Renewal of the held lease; dropping it stops renewal.
+    renewal: Option<Registration>,
     armed: bool,
     /// The primary that granted the lock, when the deployment is replicated.
     granted_by: Option<fred::types::config::Server>,
@@ -372,9 +371,7 @@ impl Held {
     }
 
     fn stop_renewal(&mut self) {
-        if let Some(task) = self.renewal.take() {
-            task.abort();
-        }
+        self.renewal = None;
     }
 }
 

@@ -1,14 +1,25 @@
-//! Keeps a held lease alive while its body runs, and reports when it cannot.
+//! Keeps held leases alive while their bodies run, and reports when one cannot be kept.
 //!
-//! A renewal is due every third of the lease. A failed renewal is retried with backoff while the
-//! usable lease lasts; the lock is lost when the key no longer holds the owner's token, when the
-//! granting node stops being a primary, or when the usable lease runs out first.
+//! Every client has one [`Renewer`]: a background task that wakes when renewals are due and
+//! renews all leases due at about the same time together, one script call per hash slot (one per
+//! server on a standalone or replicated deployment), with one `ROLE`/`WAIT` check per call. A
+//! lease is due a third of the way through; leases due within a twentieth of a lease of each
+//! other are renewed in the same call. Registering a lease costs no task and no round trip, so a
+//! body shorter than a third of its lease never causes a renewal.
+//!
+//! A failed renewal is retried with backoff while the usable lease lasts. A lock is lost when its
+//! key no longer holds the owner's token, when the granting node stops being a primary, or when the
+//! usable lease runs out first; the owner's `with_lock` call hears of it through a oneshot channel.
 
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use fred::bytes::Bytes;
+use fred::types::Value;
 use fred::types::config::Server;
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::client::{Ack, ClientInner, OpError};
@@ -16,11 +27,14 @@ use crate::error::LossReason;
 use crate::key::LockKeys;
 use crate::lease::{Lease, drift};
 use crate::observe::Event;
-use crate::retry::{Backoff, Failure, classify, is_readonly, remaining};
+use crate::retry::{Backoff, Failure, classify, is_readonly};
+use crate::topology::Deployment;
 
-/// Everything the renewal task needs about one held lock.
+/// Most locks renewed by one script call.
+const MAX_BATCH: usize = 256;
+
+/// What the renewer needs about one held lock.
 pub(crate) struct Renewal {
-    pub(crate) client: Arc<ClientInner>,
     pub(crate) keys: Arc<LockKeys>,
     pub(crate) token: Arc<str>,
     pub(crate) lease_duration: Duration,
@@ -30,97 +44,397 @@ pub(crate) struct Renewal {
     pub(crate) granted_by: Option<Server>,
 }
 
-impl Renewal {
-    /// Renews until the lock is lost, then sends the reason on `lost`. Runs until aborted or lost.
-    pub(crate) async fn run(self, lost: oneshot::Sender<LossReason>) {
-        let reason = self.keep_alive().await;
-        let _ = lost.send(reason);
-    }
+struct Entry {
+    renewal: Renewal,
+    due: Instant,
+    lost: Option<oneshot::Sender<LossReason>>,
+    backoff: Backoff,
+    last_problem: Option<LossReason>,
+}
 
-    async fn keep_alive(&self) -> LossReason {
-        let interval = self.lease_duration / 3;
-        let mut last_success = Instant::now();
-        loop {
-            tokio::time::sleep_until(last_success + interval).await;
-            match self.renew_once().await {
-                Ok(renewed_at) => last_success = renewed_at,
-                Err(reason) => return reason,
-            }
+#[derive(Default)]
+struct State {
+    next_id: u64,
+    /// `(due, id)` of every entry not being renewed right now.
+    queue: BTreeSet<(Instant, u64)>,
+    entries: HashMap<u64, Entry>,
+}
+
+/// The per-client renewal scheduler.
+#[derive(Default)]
+pub(crate) struct Renewer {
+    state: Mutex<State>,
+    wake: Arc<Notify>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// A lease registered for renewal; dropping it stops renewal.
+pub(crate) struct Registration {
+    id: u64,
+    client: Weak<ClientInner>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.upgrade() {
+            client.renewer.forget(self.id);
+        }
+    }
+}
+
+impl Renewer {
+    /// Starts renewing `renewal`; a loss is reported on `lost`.
+    pub(crate) fn register(
+        client: &Arc<ClientInner>,
+        renewal: Renewal,
+        lost: oneshot::Sender<LossReason>,
+    ) -> Registration {
+        let renewer = &client.renewer;
+        let due = renewal.lease.acquired_at() + renewal.lease_duration / 3;
+        let backoff = renewal_backoff(renewal.lease_duration);
+        let (id, earliest) = {
+            let mut state = lock(&renewer.state);
+            state.next_id += 1;
+            let id = state.next_id;
+            let earliest = state.queue.first().is_none_or(|(first, _)| due < *first);
+            state.queue.insert((due, id));
+            let entry = Entry {
+                renewal,
+                due,
+                lost: Some(lost),
+                backoff,
+                last_problem: None,
+            };
+            state.entries.insert(id, entry);
+            (id, earliest)
+        };
+        renewer.ensure_running(client);
+        if earliest {
+            renewer.wake.notify_one();
+        }
+        Registration {
+            id,
+            client: Arc::downgrade(client),
         }
     }
 
-    /// One renewal, retried on transient failures until the usable lease runs out.
-    /// Returns when the renewal request that succeeded was sent.
-    async fn renew_once(&self) -> Result<Instant, LossReason> {
-        let namespace = self.lease.namespace();
-        let mut backoff = Backoff::new(
-            Duration::from_millis(5),
-            (self.lease_duration / 10).max(Duration::from_millis(5)),
-        );
-        let mut last_problem: Option<LossReason> = None;
-        loop {
-            let valid_until = self.lease.valid_until();
-            if Instant::now() >= valid_until {
-                return Err(last_problem
-                    .unwrap_or_else(|| LossReason::RenewalFailed("no reply in time".into())));
-            }
-            let sent = Instant::now();
-            let outcome = self
-                .client
-                .renew(
-                    &self.keys,
-                    &self.token,
-                    self.lease_duration,
-                    self.replica_ack,
-                    valid_until,
-                    self.granted_by.as_ref(),
-                )
-                .await;
-            match outcome {
-                Ok((true, Ack::Confirmed)) => {
-                    self.lease
-                        .extend_to(sent + self.lease_duration - drift(self.lease_duration));
-                    self.client.stats.record(namespace, Event::Renewal);
-                    tracing::trace!(key = %self.lease.key(), namespace, "lease renewed");
-                    return Ok(sent);
-                }
-                Ok((false, _)) => return Err(LossReason::NotOwner),
-                Ok((true, Ack::NotPrimary(role))) => return Err(LossReason::RoleChanged(role)),
-                Ok((
-                    true,
-                    Ack::Short {
-                        acknowledged,
-                        required,
-                    },
-                )) => {
-                    last_problem = Some(LossReason::NotAcknowledged {
-                        acknowledged,
-                        required,
-                    });
-                }
-                Err(OpError::Failed(error)) if is_readonly(&error) => {
-                    return Err(LossReason::RoleChanged(format!(
-                        "a replica ({})",
-                        error.details()
-                    )));
-                }
-                Err(OpError::Failed(error)) => {
-                    let permanent = classify(&error) == Failure::Permanent;
-                    last_problem = Some(LossReason::RenewalFailed(error.to_string()));
-                    if permanent {
-                        return Err(last_problem.unwrap_or(LossReason::NotOwner));
-                    }
-                }
-                Err(OpError::PoolExhausted) => {
-                    last_problem = Some(LossReason::RenewalFailed(
-                        "no dedicated connection became free (raise max_connections)".into(),
-                    ));
-                }
-            }
-            self.client.stats.record(namespace, Event::RenewalFailure);
-            tracing::debug!(key = %self.lease.key(), namespace, problem = ?last_problem, "renewal failed, retrying");
-            let delay = backoff.next_delay(remaining(self.lease.valid_until()));
-            tokio::time::sleep(delay).await;
+    fn forget(&self, id: u64) {
+        let mut state = lock(&self.state);
+        if let Some(entry) = state.entries.remove(&id) {
+            state.queue.remove(&(entry.due, id));
         }
+    }
+
+    /// Spawns the scheduler task unless it is running.
+    fn ensure_running(&self, client: &Arc<ClientInner>) {
+        let mut task = lock(&self.task);
+        if task.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let wake = Arc::clone(&self.wake);
+        *task = Some(runtime.spawn(schedule(Arc::downgrade(client), wake)));
+    }
+
+    /// Takes every entry due by `now` (plus the batching window) out of the queue, grouped into
+    /// batches that can share one script call.
+    fn take_due(&self, now: Instant, by_slot: bool) -> Vec<Batch> {
+        let mut state = lock(&self.state);
+        let Some(&(first_due, first_id)) = state.queue.first() else {
+            return Vec::new();
+        };
+        if first_due > now {
+            return Vec::new();
+        }
+        let window = state
+            .entries
+            .get(&first_id)
+            .map_or(Duration::ZERO, |e| e.renewal.lease_duration / 20);
+        let horizon = now + window;
+        let mut groups: HashMap<BatchKey, Batch> = HashMap::new();
+        while let Some(&(due, id)) = state.queue.first() {
+            if due > horizon {
+                break;
+            }
+            state.queue.pop_first();
+            let Some(entry) = state.entries.get(&id) else {
+                continue;
+            };
+            let key = BatchKey::of(&entry.renewal, by_slot);
+            let batch = groups
+                .entry(key)
+                .or_insert_with(|| Batch::new(&entry.renewal));
+            batch.add(id, &entry.renewal);
+        }
+        groups.into_values().flat_map(Batch::split).collect()
+    }
+
+    /// When the earliest entry is due.
+    fn next_due(&self) -> Option<Instant> {
+        lock(&self.state).queue.first().map(|(due, _)| *due)
+    }
+
+    /// Applies the outcome of one renewal attempt to entry `id`.
+    fn settle(&self, client: &ClientInner, id: u64, sent: Instant, outcome: Outcome) {
+        let mut state = lock(&self.state);
+        let Some(entry) = state.entries.get_mut(&id) else {
+            return;
+        };
+        let namespace = entry.renewal.lease.namespace().to_owned();
+        let loss = match outcome {
+            Outcome::Renewed => {
+                let lease_duration = entry.renewal.lease_duration;
+                entry
+                    .renewal
+                    .lease
+                    .extend_to(sent + lease_duration - drift(lease_duration));
+                entry.backoff = renewal_backoff(lease_duration);
+                entry.last_problem = None;
+                entry.due = sent + lease_duration / 3;
+                client.stats.record(&namespace, Event::Renewal);
+                tracing::trace!(key = %entry.renewal.lease.key(), namespace, "lease renewed");
+                None
+            }
+            Outcome::Lost(reason) => Some(reason),
+            Outcome::Retry(problem) => {
+                client.stats.record(&namespace, Event::RenewalFailure);
+                tracing::debug!(key = %entry.renewal.lease.key(), namespace, %problem, "renewal failed, retrying");
+                let valid_until = entry.renewal.lease.valid_until();
+                let now = Instant::now();
+                entry.last_problem = Some(problem);
+                if now >= valid_until {
+                    entry.last_problem.take()
+                } else {
+                    entry.due = now + entry.backoff.next_delay(valid_until - now);
+                    None
+                }
+            }
+        };
+        match loss {
+            Some(reason) => {
+                if let Some(lost) = entry.lost.take() {
+                    let _ = lost.send(reason);
+                }
+                state.entries.remove(&id);
+            }
+            None => {
+                let due = entry.due;
+                state.queue.insert((due, id));
+            }
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn renewal_backoff(lease: Duration) -> Backoff {
+    Backoff::new(
+        Duration::from_millis(5),
+        (lease / 10).max(Duration::from_millis(5)),
+    )
+}
+
+/// The scheduler: sleeps until the earliest renewal is due (or a registration or finished
+/// attempt wakes it), then renews every due batch concurrently. Holds the client only while
+/// awake, and ends once the client is dropped.
+async fn schedule(client: Weak<ClientInner>, wake: Arc<Notify>) {
+    loop {
+        let next = {
+            let Some(client) = client.upgrade() else {
+                return;
+            };
+            let by_slot = client.deployment == Deployment::Cluster;
+            for batch in client.renewer.take_due(Instant::now(), by_slot) {
+                let client = Arc::clone(&client);
+                tokio::spawn(async move { batch.renew(&client).await });
+            }
+            client.renewer.next_due()
+        };
+        let idle = Instant::now() + Duration::from_secs(60);
+        tokio::select! {
+            () = tokio::time::sleep_until(next.unwrap_or(idle)) => {}
+            () = wake.notified() => {}
+        }
+    }
+}
+
+/// What one attempt meant for one lock.
+enum Outcome {
+    Renewed,
+    Lost(LossReason),
+    Retry(LossReason),
+}
+
+/// Locks that can be renewed by one call: same slot (clusters only: a script's keys must share
+/// one), acknowledgement mode, lease and granting node.
+#[derive(PartialEq, Eq, Hash)]
+struct BatchKey {
+    slot: Option<u16>,
+    replica_ack: bool,
+    lease: Duration,
+    granted_by: Option<Server>,
+}
+
+impl BatchKey {
+    fn of(renewal: &Renewal, by_slot: bool) -> Self {
+        BatchKey {
+            slot: by_slot.then_some(renewal.keys.slot),
+            replica_ack: renewal.replica_ack,
+            lease: renewal.lease_duration,
+            granted_by: renewal.granted_by.clone(),
+        }
+    }
+}
+
+struct Batch {
+    slot: u16,
+    replica_ack: bool,
+    lease: Duration,
+    granted_by: Option<Server>,
+    ids: Vec<u64>,
+    keys: Vec<Bytes>,
+    tokens: Vec<Value>,
+    /// The earliest end of a usable lease in the batch: the call's deadline.
+    deadline: Option<Instant>,
+}
+
+impl Batch {
+    fn new(renewal: &Renewal) -> Self {
+        Batch {
+            slot: renewal.keys.slot,
+            replica_ack: renewal.replica_ack,
+            lease: renewal.lease_duration,
+            granted_by: renewal.granted_by.clone(),
+            ids: Vec::new(),
+            keys: Vec::new(),
+            tokens: Vec::new(),
+            deadline: None,
+        }
+    }
+
+    fn add(&mut self, id: u64, renewal: &Renewal) {
+        self.ids.push(id);
+        self.keys.push(renewal.keys.lock.clone());
+        self.tokens.push(Value::from(&*renewal.token));
+        let valid_until = renewal.lease.valid_until();
+        self.deadline = Some(self.deadline.map_or(valid_until, |d| d.min(valid_until)));
+    }
+
+    /// Splits into batches of at most [`MAX_BATCH`] locks.
+    fn split(self) -> Vec<Batch> {
+        if self.ids.len() <= MAX_BATCH {
+            return vec![self];
+        }
+        let mut out = Vec::new();
+        let (mut ids, mut keys, mut tokens) = (self.ids, self.keys, self.tokens);
+        while !ids.is_empty() {
+            let take = ids.len().min(MAX_BATCH);
+            out.push(Batch {
+                slot: self.slot,
+                replica_ack: self.replica_ack,
+                lease: self.lease,
+                granted_by: self.granted_by.clone(),
+                ids: ids.drain(..take).collect(),
+                keys: keys.drain(..take).collect(),
+                tokens: tokens.drain(..take).collect(),
+                deadline: self.deadline,
+            });
+        }
+        out
+    }
+
+    /// One renewal attempt for every lock in the batch.
+    async fn renew(self, client: &ClientInner) {
+        let sent = Instant::now();
+        let deadline = self.deadline.unwrap_or(sent);
+        let mut args = Vec::with_capacity(1 + self.tokens.len());
+        args.push(Value::Integer(
+            i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX),
+        ));
+        args.extend(self.tokens);
+        let call = client.scripts.renew_many.call(self.slot, self.keys, args);
+        let result = client
+            .run(&call, self.replica_ack, deadline, self.granted_by.as_ref())
+            .await;
+        let outcomes: Vec<Outcome> = match result {
+            Ok((Value::Array(flags), Ack::Confirmed, _)) => flags
+                .iter()
+                .map(|flag| match flag.as_i64() {
+                    Some(1) => Outcome::Renewed,
+                    _ => Outcome::Lost(LossReason::NotOwner),
+                })
+                .collect(),
+            Ok((_, Ack::Confirmed, _)) => {
+                let problem =
+                    LossReason::RenewalFailed("unexpected reply to the renewal script".into());
+                self.ids
+                    .iter()
+                    .map(|_| Outcome::Retry(problem.clone()))
+                    .collect()
+            }
+            Ok((_, Ack::NotPrimary(role), _)) => self
+                .ids
+                .iter()
+                .map(|_| Outcome::Lost(LossReason::RoleChanged(role.clone())))
+                .collect(),
+            Ok((
+                _,
+                Ack::Short {
+                    acknowledged,
+                    required,
+                },
+                _,
+            )) => {
+                let problem = LossReason::NotAcknowledged {
+                    acknowledged,
+                    required,
+                };
+                self.ids
+                    .iter()
+                    .map(|_| Outcome::Retry(problem.clone()))
+                    .collect()
+            }
+            Err(OpError::Failed(error)) if is_readonly(&error) => {
+                let reason =
+                    LossReason::RoleChanged(format!("the server answered {}", error.details()));
+                self.ids
+                    .iter()
+                    .map(|_| Outcome::Lost(reason.clone()))
+                    .collect()
+            }
+            Err(OpError::Failed(error)) => {
+                let problem = LossReason::RenewalFailed(error.to_string());
+                let permanent = classify(&error) == Failure::Permanent;
+                self.ids
+                    .iter()
+                    .map(|_| {
+                        if permanent {
+                            Outcome::Lost(problem.clone())
+                        } else {
+                            Outcome::Retry(problem.clone())
+                        }
+                    })
+                    .collect()
+            }
+            Err(OpError::PoolExhausted) => {
+                let problem = LossReason::RenewalFailed(
+                    "no dedicated connection became free (raise max_connections)".into(),
+                );
+                self.ids
+                    .iter()
+                    .map(|_| Outcome::Retry(problem.clone()))
+                    .collect()
+            }
+        };
+        for (id, outcome) in self.ids.iter().zip(outcomes) {
+            client.renewer.settle(client, *id, sent, outcome);
+        }
+        client.renewer.wake.notify_one();
     }
 }

@@ -11,43 +11,63 @@ use fred::types::{ClusterHash, CustomCommand, Value};
 
 use crate::key::LockKeys;
 
-/// A Lua script and its SHA-1.
+/// A Lua script, with its source and SHA-1 ready to send.
 #[derive(Debug)]
 pub(crate) struct Script {
-    pub(crate) source: &'static str,
-    pub(crate) sha: String,
+    source: Value,
+    sha: Value,
 }
 
 impl Script {
     fn new(source: &'static str) -> Self {
         Script {
-            source,
-            sha: fred::util::sha1_hash(source),
+            source: Value::from(source),
+            sha: Value::from(fred::util::sha1_hash(source)),
         }
     }
 
-    /// The `EVALSHA` (or, with `use_source`, `EVAL`) command and its arguments.
-    pub(crate) fn command(
-        &self,
-        use_source: bool,
-        keys: &LockKeys,
-        args: Vec<Value>,
-    ) -> (CustomCommand, Vec<Value>) {
+    /// A call of this script on `keys` (all in `slot`) with `args`.
+    pub(crate) fn call(&self, slot: u16, keys: Vec<Bytes>, args: Vec<Value>) -> ScriptCall<'_> {
+        ScriptCall {
+            script: self,
+            slot,
+            keys,
+            args,
+        }
+    }
+
+    /// A call on one lock's key and fencing counter.
+    pub(crate) fn on_lock(&self, keys: &LockKeys, args: Vec<Value>) -> ScriptCall<'_> {
+        self.call(keys.slot, vec![keys.lock.clone(), keys.fence.clone()], args)
+    }
+}
+
+/// One script invocation: which script, its keys (one hash slot) and arguments.
+#[derive(Debug, Clone)]
+pub(crate) struct ScriptCall<'s> {
+    script: &'s Script,
+    pub(crate) slot: u16,
+    keys: Vec<Bytes>,
+    args: Vec<Value>,
+}
+
+impl ScriptCall<'_> {
+    /// The `EVALSHA` (or, with `use_source`, `EVAL`) command and its arguments, routed to the slot.
+    pub(crate) fn command(&self, use_source: bool) -> (CustomCommand, Vec<Value>) {
         let (name, body) = if use_source {
-            ("EVAL", Value::from(self.source))
+            ("EVAL", self.script.source.clone())
         } else {
-            ("EVALSHA", Value::from(self.sha.as_str()))
+            ("EVALSHA", self.script.sha.clone())
         };
-        let mut all = Vec::with_capacity(4 + args.len());
+        let mut all = Vec::with_capacity(2 + self.keys.len() + self.args.len());
         all.push(body);
-        all.push(Value::Integer(2));
-        all.push(Value::Bytes(Bytes::copy_from_slice(&keys.lock)));
-        all.push(Value::Bytes(Bytes::copy_from_slice(&keys.fence)));
-        all.extend(args);
-        (
-            CustomCommand::new_static(name, ClusterHash::Custom(keys.slot), false),
-            all,
-        )
+        all.push(Value::Integer(
+            i64::try_from(self.keys.len()).unwrap_or(i64::MAX),
+        ));
+        all.extend(self.keys.iter().cloned().map(Value::Bytes));
+        all.extend(self.args.iter().cloned());
+        let route = CustomCommand::new_static(name, ClusterHash::Custom(self.slot), false);
+        (route, all)
     }
 }
 
@@ -66,12 +86,18 @@ end
 return {0, redis.call('PTTL', KEYS[1])}
 ";
 
-/// Renew: `PEXPIRE` only while the key still holds this token. Replies 1 or 0.
-const RENEW: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+/// Renew many locks of one slot at once: `ARGV[1]` is the lease in ms, `ARGV[i + 1]` the token
+/// of `KEYS[i]`. Replies one 1 (renewed) or 0 (no longer ours) per key.
+const RENEW_MANY: &str = r"
+local renewed = {}
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[i + 1] then
+    renewed[i] = redis.call('PEXPIRE', KEYS[i], ARGV[1])
+  else
+    renewed[i] = 0
+  end
 end
-return 0
+return renewed
 ";
 
 /// Release: `DEL` only while the key still holds this token. Replies 1 or 0.
@@ -82,11 +108,11 @@ end
 return 0
 ";
 
-/// The three lock scripts, hashed once per client.
+/// The lock scripts, hashed once per client.
 #[derive(Debug)]
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
-    pub(crate) renew: Script,
+    pub(crate) renew_many: Script,
     pub(crate) release: Script,
 }
 
@@ -94,7 +120,7 @@ impl Scripts {
     pub(crate) fn new() -> Self {
         Scripts {
             acquire: Script::new(ACQUIRE),
-            renew: Script::new(RENEW),
+            renew_many: Script::new(RENEW_MANY),
             release: Script::new(RELEASE),
         }
     }
@@ -171,7 +197,8 @@ mod tests {
     #[test]
     fn commands_route_by_slot() {
         let keys = LockKeys::new("ns", b"k");
-        let (cmd, args) = Scripts::new().acquire.command(false, &keys, vec![]);
+        let scripts = Scripts::new();
+        let (cmd, args) = scripts.acquire.on_lock(&keys, vec![]).command(false);
         assert_eq!(cmd.cluster_hash, ClusterHash::Custom(keys.slot));
         assert_eq!(args.len(), 4);
     }

@@ -14,8 +14,7 @@ use fred::interfaces::ClientLike;
 use fred::types::config::ServerConfig;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
-use crate::key::LockKeys;
-use crate::scripts::{Script, is_noscript};
+use crate::scripts::{ScriptCall, is_noscript};
 
 /// The shape of the deployment behind a [`LockClient`](crate::LockClient).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,7 +117,7 @@ fn wait_millis(timeout: Duration) -> i64 {
         .max(1)
 }
 
-/// Runs `script` on the primary owning `keys`' slot, in one pipeline on `conn`:
+/// Runs a script call on the primary owning its slot, in one pipeline on `conn`:
 /// `ROLE, EVALSHA[, WAIT n ms]`.
 ///
 /// With `wait_until = Some(deadline)`, `conn` must be a dedicated connection: `WAIT` blocks it,
@@ -132,27 +131,26 @@ fn wait_millis(timeout: Duration) -> i64 {
 pub(crate) async fn run_checked(
     conn: &Client,
     hints: &ReplicaHints,
-    script: &Script,
-    keys: &LockKeys,
-    args: Vec<Value>,
+    call: &ScriptCall<'_>,
     wait_until: Option<Instant>,
 ) -> Result<Checked, Error> {
+    let slot = call.slot;
     let mut use_source = false;
     let mut rounds = 0;
     loop {
         rounds += 1;
-        let guess = hints.get(keys.slot).max(1);
+        let guess = hints.get(slot).max(1);
         let pipeline = conn.pipeline();
         let _: () = pipeline
-            .custom(slot_command("ROLE", keys.slot), Vec::<Value>::new())
+            .custom(slot_command("ROLE", slot), Vec::<Value>::new())
             .await?;
-        let (cmd, cmd_args) = script.command(use_source, keys, args.clone());
+        let (cmd, cmd_args) = call.command(use_source);
         let _: () = pipeline.custom(cmd, cmd_args).await?;
         if let Some(deadline) = wait_until {
             let timeout = wait_millis(deadline.saturating_duration_since(Instant::now()));
             let wait_args = vec![Value::Integer(guess), Value::Integer(timeout)];
             let _: () = pipeline
-                .custom(slot_command("WAIT", keys.slot), wait_args)
+                .custom(slot_command("WAIT", slot), wait_args)
                 .await?;
         }
         let mut results = pipeline.try_all::<Value>().await.into_iter();
@@ -164,7 +162,7 @@ pub(crate) async fn run_checked(
             }
             other => other?,
         };
-        hints.set(keys.slot, role.replicas);
+        hints.set(slot, role.replicas);
         if wait_until.is_none() {
             return Ok(Checked {
                 reply,

@@ -216,3 +216,40 @@ async fn lock_futures_are_send() {
         Some(2)
     );
 }
+
+/// Many leases held at once are renewed together: far fewer renewal calls than renewals, and none
+/// lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_leases_renew_in_batches() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks: Locks<String> =
+            client.lock_with(LockOptions::new().namespace("batch").lease(Duration::from_millis(300))).expect("opts");
+        let held = 200;
+        let mut tasks = Vec::new();
+        for i in 0..held {
+            let locks = locks.clone();
+            tasks.push(tokio::spawn(async move {
+                locks
+                    .with_lock(&format!("k{i}"), Duration::from_secs(5), tokio::time::sleep(Duration::from_millis(1300)))
+                    .await
+            }));
+        }
+        for task in tasks {
+            task.await.expect("join").expect("held without loss");
+        }
+        let stats = client.stats();
+        assert_eq!(stats.losses, 0, "{}: {stats:?}", kind.name());
+        assert!(stats.renewals >= held * 3, "{}: {stats:?}", kind.name());
+        let script_calls = harness::commandstats_calls(server.port(), "evalsha");
+        let renewal_calls = script_calls - 2 * held; // one acquire and one release per lock
+        assert!(
+            renewal_calls * 10 <= stats.renewals,
+            "{}: {renewal_calls} renewal calls for {} renewals: not batched",
+            kind.name(),
+            stats.renewals
+        );
+        println!("{}: {} renewals in {renewal_calls} calls", kind.name(), stats.renewals);
+    }
+}
