@@ -18,7 +18,7 @@
 //!         ::core::time::Duration::from_millis(2000u64),
 //!         async move {
 //!             if false { return sage_lock_shape.fake_return(); }
-//!             { BODY }
+//!             BODY
 //!         },
 //!     ).await
 //! }
@@ -500,12 +500,14 @@ fn generate(args: &Args, mut func: ItemFn, shape: &Shape, key: &TokenStream) -> 
                 arguments,
                 edge,
             } = generated(args, key, ret, *ret_span);
-            let block = &func.block;
+            // The body's statements go straight into the async block: wrapped in their own
+            // braces, a one-expression body would trip `unused_braces`.
+            let stmts = &func.block.stmts;
             let body = quote! {
                 #locals
                 #function(#arguments async move {
                     #edge
-                    #block
+                    #(#stmts)*
                 }).await
             };
             with_body(&func, &body)
@@ -619,7 +621,9 @@ mod tests {
             ":: sage_lock :: __private :: lock_shape :: < Result < () , AppError > > ()"
         ));
         assert!(out.contains(":: sage_lock :: __private :: with_lock (sage_lock_shape , sage_lock_client , sage_lock_key"));
-        assert!(out.contains("if false { return sage_lock_shape . fake_return () ; } { apply"));
+        assert!(out.contains(
+            "if false { return sage_lock_shape . fake_return () ; } apply (id , delta) ?"
+        ));
         assert!(out.contains(". literal (\"account:\") . display (& id) . finish ()"));
         assert!(out.contains(". namespace (\"account-updates\")"));
         assert!(out.contains("from_millis (2000u64)"));

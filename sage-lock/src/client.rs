@@ -68,6 +68,8 @@ pub(crate) struct ClientInner {
     pub(crate) renewer: Renewer,
     /// Tasks of this process waiting for a key, woken when this process releases it.
     waiters: Mutex<HashMap<Vec<u8>, Arc<Notify>>>,
+    /// How many tasks are registered in `waiters` (skips the lock on release when none).
+    waiting: std::sync::atomic::AtomicUsize,
 }
 
 impl LockClient {
@@ -126,6 +128,7 @@ impl LockClient {
                 command_timeout,
                 renewer: Renewer::default(),
                 waiters: Mutex::new(HashMap::new()),
+                waiting: std::sync::atomic::AtomicUsize::new(0),
             }),
         }
     }
@@ -542,6 +545,8 @@ impl ClientInner {
 
     /// The notifier local waiters for `lock_key` sleep on.
     pub(crate) fn waiter(&self, lock_key: &[u8]) -> Arc<Notify> {
+        self.waiting
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let Ok(mut waiters) = self.waiters.lock() else {
             return Arc::new(Notify::new());
         };
@@ -555,6 +560,8 @@ impl ClientInner {
     /// Drops the notifier for `lock_key` when no waiter holds it any more.
     pub(crate) fn forget_waiter(&self, lock_key: &[u8], notify: Arc<Notify>) {
         drop(notify);
+        self.waiting
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut waiters) = self.waiters.lock()
             && waiters
                 .get(lock_key)
@@ -565,6 +572,9 @@ impl ClientInner {
     }
 
     fn wake_one(&self, lock_key: &[u8]) {
+        if self.waiting.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return;
+        }
         let notify = self
             .waiters
             .lock()

@@ -15,7 +15,7 @@ use crate::error::{LockError, LossReason, TimeoutReason};
 use crate::global;
 use crate::key::{KeyCodec, LockKeys};
 use crate::lease::{Lease, drift, scope};
-use crate::observe::{Event, Stats};
+use crate::observe::{Event, Metrics};
 use crate::renewal::{Registration, Renewal, Renewer};
 use crate::retry::{Backoff, Failure, classify, remaining};
 use crate::scripts::AcquireReply;
@@ -79,11 +79,13 @@ impl LockOptions {
 
     pub(crate) fn resolve(self) -> LockSettings {
         let defaults = global::defaults();
+        let namespace: Arc<str> = self
+            .namespace
+            .map_or_else(|| Arc::from(defaults.namespace.as_str()), Arc::from);
         LockSettings {
             lease: self.lease.unwrap_or(defaults.lease),
-            namespace: self
-                .namespace
-                .map_or_else(|| Arc::from(defaults.namespace.as_str()), Arc::from),
+            metrics: Arc::new(Metrics::new(&namespace)),
+            namespace,
             replica_acknowledgement: self
                 .replica_acknowledgement
                 .unwrap_or(defaults.replica_acknowledgement),
@@ -97,6 +99,7 @@ pub(crate) struct LockSettings {
     pub(crate) lease: Duration,
     pub(crate) namespace: Arc<str>,
     pub(crate) replica_acknowledgement: bool,
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 impl LockSettings {
@@ -234,6 +237,8 @@ impl<K: ?Sized> Locks<K> {
         F: Future,
     {
         let keys = self.keys(key);
+        // Boxed once here, so the futures wrapping it stay small however large the body is.
+        let body = Box::pin(body);
         let (client, settings) = (Arc::clone(&self.client.inner), Arc::clone(&self.settings));
         async move {
             if wait_timeout.is_zero() {
@@ -268,6 +273,8 @@ impl<K: ?Sized> Locks<K> {
         F: Future,
     {
         let keys = self.keys(key);
+        // Boxed once here, so the futures wrapping it stay small however large the body is.
+        let body = Box::pin(body);
         let (client, settings) = (Arc::clone(&self.client.inner), Arc::clone(&self.settings));
         run(client, settings, keys, Mode::Try, body)
     }
@@ -289,7 +296,7 @@ async fn run<F: Future>(
 ) -> Result<Option<F::Output>, LockError> {
     let span =
         tracing::debug_span!("sage_lock", key = %keys.display, namespace = %settings.namespace);
-    let Some(mut held) = acquire(&client, &settings, &keys, mode)
+    let Some(mut held) = Box::pin(acquire(&client, &settings, &keys, mode))
         .instrument(span.clone())
         .await?
     else {
@@ -303,6 +310,7 @@ async fn run<F: Future>(
         replica_ack: settings.replica_acknowledgement,
         lease: held.lease.clone(),
         granted_by: held.granted_by.clone(),
+        metrics: Arc::clone(&settings.metrics),
     };
     held.renewal = Some(Renewer::register(&client, renewal, lost_tx));
     let body = scope(held.lease.clone(), body);
@@ -310,10 +318,10 @@ async fn run<F: Future>(
         biased;
         reason = lost_rx => {
             let reason = reason.unwrap_or(LossReason::RenewalFailed("renewal task ended".into()));
-            Err(held.lost(reason).instrument(span).await)
+            Err(Box::pin(held.lost(reason)).instrument(span).await)
         }
         output = body => {
-            held.release().instrument(span).await;
+            Box::pin(held.release()).instrument(span).await;
             Ok(Some(output))
         }
     }
@@ -325,6 +333,7 @@ struct Held {
     client: Arc<ClientInner>,
     keys: Arc<LockKeys>,
     namespace: Arc<str>,
+    metrics: Arc<Metrics>,
     token: Arc<str>,
     lease: Lease,
     /// Renewal of the held lease; dropping it stops renewal.
@@ -339,27 +348,27 @@ impl Held {
     async fn release(mut self) {
         self.stop_renewal();
         // Stay armed until done: dropped mid-release, the release finishes in the background.
-        release_now(&self.client, &self.keys, &self.token, &self.namespace).await;
+        release_now(&self.client, &self.keys, &self.token, &self.metrics).await;
         self.armed = false;
-        Stats::held(&self.namespace, self.lease.held_for());
+        self.metrics.held(self.lease.held_for());
         tracing::debug!(held = ?self.lease.held_for(), "lock released");
     }
 
     /// Gives up an acquisition: an attempt whose reply was lost may still have been granted, so
     /// delete the key if it holds our token (bounded by [`RELEASE_TIMEOUT`]).
     async fn abandon(mut self) {
-        release_now(&self.client, &self.keys, &self.token, &self.namespace).await;
+        release_now(&self.client, &self.keys, &self.token, &self.metrics).await;
         self.armed = false;
     }
 
     /// Records a loss, makes a best-effort release, and builds the error.
     async fn lost(mut self, reason: LossReason) -> LockError {
         self.stop_renewal();
-        self.client.stats.record(&self.namespace, Event::Loss);
-        Stats::held(&self.namespace, self.lease.held_for());
+        self.client.stats.record(&self.metrics, Event::Loss);
+        self.metrics.held(self.lease.held_for());
         tracing::warn!(reason = %reason, held = ?self.lease.held_for(), "lock lost; body cancelled");
         if reason != LossReason::NotOwner {
-            release_now(&self.client, &self.keys, &self.token, &self.namespace).await;
+            release_now(&self.client, &self.keys, &self.token, &self.metrics).await;
         }
         self.armed = false;
         LockError::LockLost {
@@ -379,18 +388,18 @@ impl Drop for Held {
     fn drop(&mut self) {
         self.stop_renewal();
         if self.armed {
-            release_in_background(&self.client, &self.keys, &self.token, &self.namespace);
+            release_in_background(&self.client, &self.keys, &self.token, &self.metrics);
         }
     }
 }
 
 /// Compare-and-delete, bounded by [`RELEASE_TIMEOUT`]; failures are logged (the lease expires).
-async fn release_now(client: &ClientInner, keys: &LockKeys, token: &str, namespace: &str) {
+async fn release_now(client: &ClientInner, keys: &LockKeys, token: &str, metrics: &Metrics) {
     match client
         .release(keys, token, Instant::now() + RELEASE_TIMEOUT)
         .await
     {
-        Ok(true) => client.stats.record(namespace, Event::Release),
+        Ok(true) => client.stats.record(metrics, Event::Release),
         Ok(false) => tracing::debug!("release found the lock no longer ours"),
         Err(error) => tracing::warn!(?error, "release failed; the lock expires with its lease"),
     }
@@ -400,19 +409,19 @@ fn release_in_background(
     client: &Arc<ClientInner>,
     keys: &Arc<LockKeys>,
     token: &Arc<str>,
-    namespace: &Arc<str>,
+    metrics: &Arc<Metrics>,
 ) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    let (client, keys, token, namespace) = (
+    let (client, keys, token, metrics) = (
         Arc::clone(client),
         Arc::clone(keys),
         Arc::clone(token),
-        Arc::clone(namespace),
+        Arc::clone(metrics),
     );
     runtime.spawn(async move {
-        release_now(&client, &keys, &token, &namespace).await;
+        release_now(&client, &keys, &token, &metrics).await;
     });
 }
 
@@ -436,7 +445,7 @@ async fn acquire(
     };
     let namespace = &settings.namespace;
     let timed_out = |reason: TimeoutReason| {
-        client.stats.record(namespace, Event::Timeout);
+        client.stats.record(&settings.metrics, Event::Timeout);
         tracing::debug!(%reason, waited = ?start.elapsed(), "lock acquisition timed out");
         LockError::TimedOut {
             key: keys.display.clone(),
@@ -451,16 +460,15 @@ async fn acquire(
         client: Arc::clone(client),
         keys: Arc::clone(keys),
         namespace: Arc::clone(namespace),
+        metrics: Arc::clone(&settings.metrics),
         token: Arc::clone(&token),
         lease: Lease::new(keys.display.clone(), Arc::clone(namespace), 0, start, start),
         renewal: None,
         armed: true,
         granted_by: None,
     };
-    let waiter = match mode {
-        Mode::Wait(_) => Some(client.waiter(&keys.lock)),
-        Mode::Try => None,
-    };
+    // Registered on the first "busy" reply: woken when this process releases the key.
+    let mut waiter = None;
     let result = acquire_loop(
         client,
         settings,
@@ -468,7 +476,7 @@ async fn acquire(
         mode,
         deadline,
         &mut held,
-        waiter.as_deref(),
+        &mut waiter,
     )
     .await;
     if let Some(waiter) = waiter {
@@ -477,7 +485,7 @@ async fn acquire(
     match result {
         Ok(Some(granted)) => {
             let waited = start.elapsed();
-            client.stats.acquired(namespace, waited);
+            client.stats.acquired(&settings.metrics, waited);
             tracing::debug!(
                 attempts = granted.attempts,
                 ?waited,
@@ -545,7 +553,7 @@ async fn acquire_loop(
     mode: Mode,
     deadline: Instant,
     held: &mut Held,
-    waiter: Option<&tokio::sync::Notify>,
+    waiter: &mut Option<Arc<tokio::sync::Notify>>,
 ) -> Result<Option<Granted>, Stop> {
     let lease_duration = settings.lease;
     let namespace = &settings.namespace;
@@ -610,7 +618,7 @@ async fn acquire_loop(
                 }
                 // A definite "busy" (the script checks our token too): we hold nothing.
                 held.armed = false;
-                client.stats.record(namespace, Event::BusyRetry);
+                client.stats.record(&settings.metrics, Event::BusyRetry);
                 holder_pttl =
                     Some(u64::try_from(pttl_ms).map_or(Duration::ZERO, Duration::from_millis));
                 last_transient = None;
@@ -623,7 +631,9 @@ async fn acquire_loop(
                     // Cut short by our own deadline: keep what the previous attempts found.
                     return Err(Stop::TimedOut(timeout_reason(last_transient, holder_pttl)));
                 }
-                client.stats.record(namespace, Event::TransientRetry);
+                client
+                    .stats
+                    .record(&settings.metrics, Event::TransientRetry);
                 tracing::debug!(%error, "transient failure while acquiring; retrying");
                 last_transient = Some(error.to_string());
                 holder_pttl = None;
@@ -647,6 +657,9 @@ async fn acquire_loop(
             busy = holder_pttl.is_some(),
             "lock not acquired yet; waiting"
         );
+        if holder_pttl.is_some() && matches!(mode, Mode::Wait(_)) && waiter.is_none() {
+            *waiter = Some(client.waiter(&keys.lock));
+        }
         match waiter {
             Some(notify) if holder_pttl.is_some() => {
                 tokio::select! {
@@ -656,5 +669,51 @@ async fn acquire_loop(
             }
             _ => tokio::time::sleep(delay).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_futures_stay_small_whatever_the_body() {
+        let client = LockClient::from_fred(fred::clients::Client::default());
+        let locks: Locks<str> = client.lock();
+        let big = [7_u8; 4096];
+        let body = async move { big.len() };
+        let waiting = locks.with_lock("k", Duration::from_secs(1), body);
+        assert!(
+            std::mem::size_of_val(&waiting) < 1024,
+            "{}",
+            std::mem::size_of_val(&waiting)
+        );
+        let trying = locks.try_with_lock("k", async move { big.len() });
+        assert!(
+            std::mem::size_of_val(&trying) < 1024,
+            "{}",
+            std::mem::size_of_val(&trying)
+        );
+    }
+
+    #[test]
+    fn invalid_options_name_the_fix() {
+        let client = LockClient::from_fred(fred::clients::Client::default());
+        let short = client.lock_with::<str>(LockOptions::new().lease(Duration::from_millis(5)));
+        assert!(matches!(
+            short,
+            Err(LockError::InvalidArgument {
+                argument: "lease",
+                ..
+            })
+        ));
+        let empty = client.lock_with::<str>(LockOptions::new().namespace(""));
+        assert!(matches!(
+            empty,
+            Err(LockError::InvalidArgument {
+                argument: "namespace",
+                ..
+            })
+        ));
     }
 }

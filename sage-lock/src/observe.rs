@@ -16,10 +16,14 @@
 //! | `sage_lock_wait_seconds` | histogram | time from call to acquisition |
 //! | `sage_lock_hold_seconds` | histogram | time from acquisition to release or loss |
 //!
-//! Every metric carries a `namespace` label.
+//! Every metric carries a `namespace` label. Handles are registered when a lock family is
+//! created, so install the recorder before creating lock families.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use metrics::{Counter, Histogram, SharedString};
 
 /// A snapshot of one client's lock activity since it was created.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -70,34 +74,71 @@ pub(crate) enum Event {
     Release,
 }
 
-impl Stats {
-    pub(crate) fn record(&self, namespace: &str, event: Event) {
-        let (counter, name) = match event {
-            Event::BusyRetry => (&self.busy_retries, "sage_lock_busy_retries_total"),
-            Event::TransientRetry => (&self.transient_retries, "sage_lock_transient_retries_total"),
-            Event::Timeout => (&self.timeouts, "sage_lock_timeouts_total"),
-            Event::Renewal => (&self.renewals, "sage_lock_renewals_total"),
-            Event::RenewalFailure => (&self.renewal_failures, "sage_lock_renewal_failures_total"),
-            Event::Loss => (&self.losses, "sage_lock_losses_total"),
-            Event::Release => (&self.releases, "sage_lock_releases_total"),
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(name, "namespace" => namespace.to_owned()).increment(1);
+/// The metric handles of one lock family (one namespace), registered with the recorder installed
+/// when the family was created: install a recorder before creating lock families.
+pub(crate) struct Metrics {
+    acquisitions: Counter,
+    busy_retries: Counter,
+    transient_retries: Counter,
+    timeouts: Counter,
+    renewals: Counter,
+    renewal_failures: Counter,
+    losses: Counter,
+    releases: Counter,
+    wait: Histogram,
+    hold: Histogram,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    pub(crate) fn new(namespace: &Arc<str>) -> Self {
+        let label = || SharedString::from(Arc::clone(namespace));
+        Metrics {
+            acquisitions: metrics::counter!("sage_lock_acquisitions_total", "namespace" => label()),
+            busy_retries: metrics::counter!("sage_lock_busy_retries_total", "namespace" => label()),
+            transient_retries: metrics::counter!("sage_lock_transient_retries_total", "namespace" => label()),
+            timeouts: metrics::counter!("sage_lock_timeouts_total", "namespace" => label()),
+            renewals: metrics::counter!("sage_lock_renewals_total", "namespace" => label()),
+            renewal_failures: metrics::counter!("sage_lock_renewal_failures_total", "namespace" => label()),
+            losses: metrics::counter!("sage_lock_losses_total", "namespace" => label()),
+            releases: metrics::counter!("sage_lock_releases_total", "namespace" => label()),
+            wait: metrics::histogram!("sage_lock_wait_seconds", "namespace" => label()),
+            hold: metrics::histogram!("sage_lock_hold_seconds", "namespace" => label()),
+        }
     }
 
-    pub(crate) fn acquired(&self, namespace: &str, waited: Duration) {
+    /// Records the time a lock was held.
+    pub(crate) fn held(&self, held: Duration) {
+        self.hold.record(held.as_secs_f64());
+    }
+}
+
+impl Stats {
+    pub(crate) fn record(&self, metrics: &Metrics, event: Event) {
+        let (counter, handle) = match event {
+            Event::BusyRetry => (&self.busy_retries, &metrics.busy_retries),
+            Event::TransientRetry => (&self.transient_retries, &metrics.transient_retries),
+            Event::Timeout => (&self.timeouts, &metrics.timeouts),
+            Event::Renewal => (&self.renewals, &metrics.renewals),
+            Event::RenewalFailure => (&self.renewal_failures, &metrics.renewal_failures),
+            Event::Loss => (&self.losses, &metrics.losses),
+            Event::Release => (&self.releases, &metrics.releases),
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        handle.increment(1);
+    }
+
+    pub(crate) fn acquired(&self, metrics: &Metrics, waited: Duration) {
         self.acquisitions.fetch_add(1, Ordering::Relaxed);
         let micros = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
         self.wait_micros.fetch_add(micros, Ordering::Relaxed);
-        metrics::counter!("sage_lock_acquisitions_total", "namespace" => namespace.to_owned())
-            .increment(1);
-        metrics::histogram!("sage_lock_wait_seconds", "namespace" => namespace.to_owned())
-            .record(waited.as_secs_f64());
-    }
-
-    pub(crate) fn held(namespace: &str, held: Duration) {
-        metrics::histogram!("sage_lock_hold_seconds", "namespace" => namespace.to_owned())
-            .record(held.as_secs_f64());
+        metrics.acquisitions.increment(1);
+        metrics.wait.record(waited.as_secs_f64());
     }
 
     pub(crate) fn snapshot(&self) -> LockStats {

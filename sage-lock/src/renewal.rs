@@ -26,7 +26,7 @@ use crate::client::{Ack, ClientInner, OpError};
 use crate::error::LossReason;
 use crate::key::LockKeys;
 use crate::lease::{Lease, drift};
-use crate::observe::Event;
+use crate::observe::{Event, Metrics};
 use crate::retry::{Backoff, Failure, classify, is_readonly};
 use crate::topology::Deployment;
 
@@ -42,6 +42,7 @@ pub(crate) struct Renewal {
     pub(crate) lease: Lease,
     /// The primary that granted the lock (replicated deployments).
     pub(crate) granted_by: Option<Server>,
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 struct Entry {
@@ -182,7 +183,7 @@ impl Renewer {
         let Some(entry) = state.entries.get_mut(&id) else {
             return;
         };
-        let namespace = entry.renewal.lease.namespace().to_owned();
+        let metrics = Arc::clone(&entry.renewal.metrics);
         let loss = match outcome {
             Outcome::Renewed => {
                 let lease_duration = entry.renewal.lease_duration;
@@ -193,14 +194,16 @@ impl Renewer {
                 entry.backoff = renewal_backoff(lease_duration);
                 entry.last_problem = None;
                 entry.due = sent + lease_duration / 3;
-                client.stats.record(&namespace, Event::Renewal);
-                tracing::trace!(key = %entry.renewal.lease.key(), namespace, "lease renewed");
+                client.stats.record(&metrics, Event::Renewal);
+                let lease = &entry.renewal.lease;
+                tracing::trace!(key = %lease.key(), namespace = %lease.namespace(), "lease renewed");
                 None
             }
             Outcome::Lost(reason) => Some(reason),
             Outcome::Retry(problem) => {
-                client.stats.record(&namespace, Event::RenewalFailure);
-                tracing::debug!(key = %entry.renewal.lease.key(), namespace, %problem, "renewal failed, retrying");
+                client.stats.record(&metrics, Event::RenewalFailure);
+                let lease = &entry.renewal.lease;
+                tracing::debug!(key = %lease.key(), namespace = %lease.namespace(), %problem, "renewal failed, retrying");
                 let valid_until = entry.renewal.lease.valid_until();
                 let now = Instant::now();
                 entry.last_problem = Some(problem);

@@ -224,15 +224,24 @@ async fn many_leases_renew_in_batches() {
     for kind in ServerKind::ALL {
         let server = Server::start(kind);
         let client = LockClient::connect(&server.url()).await.expect("connect");
-        let locks: Locks<String> =
-            client.lock_with(LockOptions::new().namespace("batch").lease(Duration::from_millis(300))).expect("opts");
+        let locks: Locks<String> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("batch")
+                    .lease(Duration::from_millis(300)),
+            )
+            .expect("opts");
         let held = 200;
         let mut tasks = Vec::new();
         for i in 0..held {
             let locks = locks.clone();
             tasks.push(tokio::spawn(async move {
                 locks
-                    .with_lock(&format!("k{i}"), Duration::from_secs(5), tokio::time::sleep(Duration::from_millis(1300)))
+                    .with_lock(
+                        &format!("k{i}"),
+                        Duration::from_secs(5),
+                        tokio::time::sleep(Duration::from_millis(1300)),
+                    )
                     .await
             }));
         }
@@ -250,6 +259,10 @@ async fn many_leases_renew_in_batches() {
             kind.name(),
             stats.renewals
         );
-        println!("{}: {} renewals in {renewal_calls} calls", kind.name(), stats.renewals);
+        println!(
+            "{}: {} renewals in {renewal_calls} calls",
+            kind.name(),
+            stats.renewals
+        );
     }
 }

@@ -271,3 +271,19 @@ pub fn spawn_all(accounts: Arc<Accounts>, order: Order) {
         let _ = generic::<u64, AppError>(1, "static").await;
     }));
 }
+
+/// A one-expression body (the generated code must not trip `unused_braces`).
+///
+/// # Errors
+/// When the lock cannot be acquired.
+#[rustfmt::skip]
+#[locked(key = "one:{id}", wait = "1s")]
+pub async fn one_expression(id: u64) -> Result<u64, LockError> { Ok(id) }
+
+/// The same in `try_lock` mode.
+///
+/// # Errors
+/// When the lock check fails.
+#[rustfmt::skip]
+#[locked(key = "one:{id}", try_lock)]
+pub async fn one_expression_try(id: u64) -> Result<Option<u64>, LockError> { Ok(id) }

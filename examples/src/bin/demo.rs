@@ -5,8 +5,10 @@
 //! ```
 //!
 //! The parent starts a throwaway server (or uses `SAGE_LOCK_URL`) and re-executes itself as
-//! `--workers` worker processes. Each worker repeatedly picks a key and, under `with_lock` (500 ms
-//! lease), does a deliberately non-atomic read-modify-write of a per-key counter in Redis
+//! `--workers` worker processes. Each worker sets its service defaults (500 ms lease, the run's
+//! namespace) and installs its global client once, then repeatedly picks a key and calls its
+//! critical section, an `async fn` annotated with `#[locked(key = "{attempt.key}", wait = "5s")]`,
+//! which does a deliberately non-atomic read-modify-write of a per-key counter in Redis
 //! (`GET`, some work, `SET`). Some bodies run longer than the lease, so the lock is renewed while
 //! they run. Inside every critical section the worker also:
 //!
@@ -28,18 +30,19 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use fred::clients::Client;
 use fred::interfaces::KeysInterface as _;
 use fred::types::{Expiration, SetOptions, Value};
 use rand::Rng as _;
-use sage_lock::{LockClient, LockError, LockOptions, current_lease};
+use sage_lock::global::{self, ServiceDefaults};
+use sage_lock::{LockClient, LockError, current_lease, locked};
 use sage_lock_examples::{ThrowawayServer, flag_value, has_flag, percentile};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
-/// Lease of the demo's locks: short, so that long bodies need renewals.
+/// Lease of the demo's locks (the workers' service default): short, so that long bodies need
+/// renewals. How long a worker waits for a key is in the `#[locked]` attribute (5 s).
 const LEASE: Duration = Duration::from_millis(500);
-/// How long a worker waits for a key before giving up on that attempt.
-const WAIT: Duration = Duration::from_secs(5);
 /// Share of bodies that run longer than the lease.
 const LONG_BODY_SHARE: f64 = 0.02;
 
@@ -108,10 +111,132 @@ fn data_keys(run: &str, key: &str) -> (String, String, String) {
 mod worker {
     use super::*;
 
+    /// One attempt at a critical section: which key, and what to do under its lock.
+    struct Attempt {
+        key: String,
+        counter_key: String,
+        owner_key: String,
+        fence_key: String,
+        /// This section's owner marker (`worker-<id>:<op>`).
+        marker: String,
+        /// How long the read-modify-write takes.
+        work: Duration,
+        started: Instant,
+        /// Whether to describe an overlap / a fencing regression on stderr (the first few only).
+        log_overlap: bool,
+        log_regression: bool,
+    }
+
+    /// What a critical section got done so far. Written through `&mut` as the body goes, so the
+    /// caller still knows after a lost lock, when the body is dropped midway.
+    #[derive(Default)]
+    struct Progress {
+        waited: Option<Duration>,
+        marker_set: bool,
+        incremented: bool,
+    }
+
     /// What one critical section saw.
     struct Section {
         overlap: bool,
         fence_regression: bool,
+    }
+
+    /// The error of a critical section: the lock's (what `#[locked]` needs `From` for), or the
+    /// body's own.
+    enum SectionError {
+        Lock(LockError),
+        Body(anyhow::Error),
+    }
+
+    impl From<LockError> for SectionError {
+        fn from(error: LockError) -> Self {
+            SectionError::Lock(error)
+        }
+    }
+
+    impl From<anyhow::Error> for SectionError {
+        fn from(error: anyhow::Error) -> Self {
+            SectionError::Body(error)
+        }
+    }
+
+    impl From<fred::error::Error> for SectionError {
+        fn from(error: fred::error::Error) -> Self {
+            SectionError::Body(error.into())
+        }
+    }
+
+    /// The critical section. It runs only while this process holds the lock on `attempt.key`,
+    /// through the global client with the lease and namespace of the service defaults that
+    /// [`run`] set; it waits up to 5 s for the lock, and the lock is renewed while it runs.
+    #[locked(key = "{attempt.key}", wait = "5s")]
+    async fn critical_section(
+        fred: &Client,
+        attempt: &Attempt,
+        progress: &mut Progress,
+    ) -> Result<Section, SectionError> {
+        progress.waited = Some(attempt.started.elapsed());
+        let lease = current_lease().context("no lease inside the body")?;
+        let key = &attempt.key;
+
+        // Enter: claim the owner marker. Already present = someone else is inside.
+        let claimed: Value = fred
+            .set(
+                &attempt.owner_key,
+                attempt.marker.as_str(),
+                Some(Expiration::PX(60_000)),
+                Some(SetOptions::NX),
+                false,
+            )
+            .await?;
+        progress.marker_set = !claimed.is_null();
+        let overlap = !progress.marker_set;
+        if overlap && attempt.log_overlap {
+            let other: Option<String> = fred.get(&attempt.owner_key).await?;
+            eprintln!(
+                "{}: OVERLAP on {key}: {} is inside too",
+                attempt.marker,
+                other.as_deref().unwrap_or("someone")
+            );
+        }
+
+        // Fencing tokens must strictly increase per key.
+        let token = lease.fencing_token();
+        let last: Option<u64> = fred.get(&attempt.fence_key).await?;
+        let fence_regression = last.is_some_and(|last| token <= last);
+        if fence_regression && attempt.log_regression {
+            eprintln!(
+                "{}: fencing token {token} on {key} is not above {last:?}",
+                attempt.marker
+            );
+        }
+        let () = fred
+            .set(&attempt.fence_key, token, None, None, false)
+            .await?;
+
+        // The deliberately racy read-modify-write the lock protects.
+        let value: Option<u64> = fred.get(&attempt.counter_key).await?;
+        tokio::time::sleep(attempt.work).await;
+        let () = fred
+            .set(
+                &attempt.counter_key,
+                value.unwrap_or(0) + 1,
+                None,
+                None,
+                false,
+            )
+            .await?;
+        progress.incremented = true;
+
+        if progress.marker_set {
+            let _: i64 = fred.del(&attempt.owner_key).await?;
+            progress.marker_set = false;
+        }
+        Ok(Section {
+            overlap,
+            fence_regression,
+        })
     }
 
     pub(super) async fn run() -> anyhow::Result<()> {
@@ -141,9 +266,12 @@ mod worker {
             std::process::exit(3);
         });
 
+        // The lock configuration of this process, once: `#[locked]` functions that name no
+        // lease, namespace or client get these. (The namespace is computed at run time here,
+        // which an attribute argument cannot be.)
+        global::set_defaults(ServiceDefaults::new().lease(LEASE).namespace(namespace))?;
         let client = LockClient::connect(&url).await?;
-        let locks =
-            client.lock_with::<str>(LockOptions::new().lease(LEASE).namespace(namespace))?;
+        global::install(client.clone())?;
         let fred = client.fred().clone();
         let deadline = Instant::now() + Duration::from_secs_f64(seconds);
 
@@ -165,98 +293,53 @@ mod worker {
                 Duration::from_micros(rand::rng().random_range(0..4_000))
             };
             let (counter_key, owner_key, fence_key) = data_keys(&run, &key);
-            let marker = format!("worker-{id}:{ops}");
-            let started = Instant::now();
-            let mut waited = None;
-            let mut marker_set = false;
-            let mut incremented = false;
-            let outcome = locks
-                .with_lock(key.as_str(), WAIT, async {
-                    waited = Some(started.elapsed());
-                    let lease = current_lease().context("no lease inside the body")?;
-
-                    // Enter: claim the owner marker. Already present = someone else is inside.
-                    let claimed: Value = fred
-                        .set(
-                            &owner_key,
-                            marker.as_str(),
-                            Some(Expiration::PX(60_000)),
-                            Some(SetOptions::NX),
-                            false,
-                        )
-                        .await?;
-                    marker_set = !claimed.is_null();
-                    let overlap = !marker_set;
-                    if overlap && overlaps < 3 {
-                        let other: Option<String> = fred.get(&owner_key).await?;
-                        eprintln!(
-                            "worker {id}: OVERLAP on {key}: {} is inside too",
-                            other.as_deref().unwrap_or("someone")
-                        );
-                    }
-
-                    // Fencing tokens must strictly increase per key.
-                    let token = lease.fencing_token();
-                    let last: Option<u64> = fred.get(&fence_key).await?;
-                    let fence_regression = last.is_some_and(|last| token <= last);
-                    if fence_regression && fence_regressions < 3 {
-                        eprintln!(
-                            "worker {id}: fencing token {token} on {key} is not above {last:?}"
-                        );
-                    }
-                    let () = fred.set(&fence_key, token, None, None, false).await?;
-
-                    // The deliberately racy read-modify-write the lock protects.
-                    let value: Option<u64> = fred.get(&counter_key).await?;
-                    tokio::time::sleep(work).await;
-                    let () = fred
-                        .set(&counter_key, value.unwrap_or(0) + 1, None, None, false)
-                        .await?;
-                    incremented = true;
-
-                    if marker_set {
-                        let _: i64 = fred.del(&owner_key).await?;
-                        marker_set = false;
-                    }
-                    Ok::<_, anyhow::Error>(Section {
-                        overlap,
-                        fence_regression,
-                    })
-                })
-                .await;
+            let attempt = Attempt {
+                key,
+                counter_key,
+                owner_key,
+                fence_key,
+                marker: format!("worker-{id}:{ops}"),
+                work,
+                started: Instant::now(),
+                log_overlap: overlaps < 3,
+                log_regression: fence_regressions < 3,
+            };
+            let mut progress = Progress::default();
+            let outcome = critical_section(&fred, &attempt, &mut progress).await;
+            let key = &attempt.key;
             // A body cut short (lost lock) may still have written the counter: count the
             // increment whenever its SET returned, whatever the outcome.
-            if incremented {
+            if progress.incremented {
                 *increments.entry(key.clone()).or_default() += 1;
             }
             match outcome {
-                Ok(Ok(section)) => {
+                Ok(section) => {
                     ops += 1;
                     overlaps += u64::from(section.overlap);
                     fence_regressions += u64::from(section.fence_regression);
                     long_bodies += u64::from(long);
                 }
-                Ok(Err(error)) => {
+                Err(SectionError::Body(error)) => {
                     errors += 1;
                     eprintln!("worker {id}: body failed on {key}: {error:#}");
                 }
-                Err(LockError::TimedOut { .. }) => {}
-                Err(error @ LockError::LockLost { .. }) => {
+                Err(SectionError::Lock(LockError::TimedOut { .. })) => {}
+                Err(SectionError::Lock(error @ LockError::LockLost { .. })) => {
                     eprintln!("worker {id}: {error}");
                 }
-                Err(error) => {
+                Err(SectionError::Lock(error)) => {
                     errors += 1;
                     eprintln!("worker {id}: {error}");
                 }
             }
-            if marker_set {
+            if progress.marker_set {
                 // The body was dropped (lock lost) while it held the marker: remove ours only.
-                let current: Option<String> = fred.get(&owner_key).await.unwrap_or(None);
-                if current.as_deref() == Some(marker.as_str()) {
-                    let _: Result<i64, _> = fred.del(&owner_key).await;
+                let current: Option<String> = fred.get(&attempt.owner_key).await.unwrap_or(None);
+                if current.as_deref() == Some(attempt.marker.as_str()) {
+                    let _: Result<i64, _> = fred.del(&attempt.owner_key).await;
                 }
             }
-            if let Some(waited) = waited {
+            if let Some(waited) = progress.waited {
                 waits_us.push(u64::try_from(waited.as_micros()).unwrap_or(u64::MAX));
             }
             if last_report.elapsed() >= Duration::from_millis(100) {
