@@ -11,8 +11,6 @@ use harness::{
     info_field, key_slot, shared, shared_cluster, shared_replicated, wait_until,
 };
 
-const HELPER_ENV: &str = "SAGE_LOCK_HARNESS_WATCHDOG_HELPER";
-
 /// Whether `pid` is a live process. A zombie counts as gone: an orphaned server killed by its
 /// watchdog is reaped by pid 1, which can take seconds in a container.
 fn process_exists(pid: u32) -> bool {
@@ -253,29 +251,9 @@ fn kill_pause_resume_restart() {
     }
 }
 
-/// Not a real test: run by `servers_die_with_the_test_process` in a child process.
-#[test]
-#[ignore = "helper of servers_die_with_the_test_process"]
-fn watchdog_helper() {
-    if std::env::var_os(HELPER_ENV).is_none() {
-        return;
-    }
-    let server = Server::start(ServerKind::Redis);
-    println!(
-        "HELPER pid={} port={} dir={}",
-        server.pid().expect("running"),
-        server.port(),
-        server.dir().display()
-    );
-    std::thread::sleep(Duration::from_secs(60));
-}
-
 #[test]
 fn servers_die_with_the_test_process() {
-    let exe = std::env::current_exe().expect("current_exe");
-    let mut child = Command::new(exe)
-        .args(["--ignored", "--exact", "watchdog_helper", "--nocapture"])
-        .env(HELPER_ENV, "1")
+    let mut child = Command::new(env!("CARGO_BIN_EXE_watchdog_helper"))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
