@@ -59,6 +59,8 @@ struct State {
     /// `(due, id)` of every entry not being renewed right now.
     queue: BTreeSet<(Instant, u64)>,
     entries: HashMap<u64, Entry>,
+    /// When the scheduler will wake next on its own (`None`: unknown, wake it).
+    sleeping_until: Option<Instant>,
 }
 
 /// The per-client renewal scheduler.
@@ -97,7 +99,11 @@ impl Renewer {
             let mut state = lock(&renewer.state);
             state.next_id += 1;
             let id = state.next_id;
-            let earliest = state.queue.first().is_none_or(|(first, _)| due < *first);
+            // Wake the scheduler only if it would otherwise sleep past this lease's renewal.
+            let earliest = state.sleeping_until.is_none_or(|until| due < until);
+            if earliest {
+                state.sleeping_until = Some(due);
+            }
             state.queue.insert((due, id));
             let entry = Entry {
                 renewal,
@@ -172,9 +178,12 @@ impl Renewer {
         groups.into_values().flat_map(Batch::split).collect()
     }
 
-    /// When the earliest entry is due.
-    fn next_due(&self) -> Option<Instant> {
-        lock(&self.state).queue.first().map(|(due, _)| *due)
+    /// When the scheduler should wake next: the earliest due entry, else `idle`.
+    fn plan_sleep(&self, idle: Instant) -> Instant {
+        let mut state = lock(&self.state);
+        let until = state.queue.first().map_or(idle, |(due, _)| *due);
+        state.sleeping_until = Some(until);
+        until
     }
 
     /// Applies the outcome of one renewal attempt to entry `id`.
@@ -225,6 +234,11 @@ impl Renewer {
             None => {
                 let due = entry.due;
                 state.queue.insert((due, id));
+                if state.sleeping_until.is_none_or(|until| due < until) {
+                    state.sleeping_until = Some(due);
+                    drop(state);
+                    self.wake.notify_one();
+                }
             }
         }
     }
@@ -257,11 +271,12 @@ async fn schedule(client: Weak<ClientInner>, wake: Arc<Notify>) {
                 let client = Arc::clone(&client);
                 tokio::spawn(async move { batch.renew(&client).await });
             }
-            client.renewer.next_due()
+            client
+                .renewer
+                .plan_sleep(Instant::now() + Duration::from_secs(60))
         };
-        let idle = Instant::now() + Duration::from_secs(60);
         tokio::select! {
-            () = tokio::time::sleep_until(next.unwrap_or(idle)) => {}
+            () = tokio::time::sleep_until(next) => {}
             () = wake.notified() => {}
         }
     }
@@ -438,6 +453,5 @@ impl Batch {
         for (id, outcome) in self.ids.iter().zip(outcomes) {
             client.renewer.settle(client, *id, sent, outcome);
         }
-        client.renewer.wake.notify_one();
     }
 }
