@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use fred::bytes::Bytes;
 use fred::clients::Client;
 use fred::error::Error;
 use fred::interfaces::ClientLike;
@@ -516,12 +517,12 @@ impl ClientInner {
     pub(crate) async fn acquire(
         &self,
         keys: &LockKeys,
-        token: &str,
+        token: &Bytes,
         lease: Duration,
         replica_ack: bool,
         deadline: Instant,
     ) -> Result<(AcquireReply, Ack, Option<Server>), OpError> {
-        let args = vec![Value::from(token), Value::Integer(millis(lease))];
+        let args = vec![Value::Bytes(token.clone()), Value::Integer(millis(lease))];
         let call = self.scripts.acquire.on_lock(keys, args);
         let (value, ack, node) = self.run(&call, replica_ack, deadline, None).await?;
         Ok((parse_acquire(value)?, ack, node))
@@ -531,10 +532,13 @@ impl ClientInner {
     pub(crate) async fn release(
         &self,
         keys: &LockKeys,
-        token: &str,
+        token: &Bytes,
         deadline: Instant,
     ) -> Result<bool, OpError> {
-        let call = self.scripts.release.on_lock(keys, vec![Value::from(token)]);
+        let call = self
+            .scripts
+            .release
+            .on_lock(keys, vec![Value::Bytes(token.clone())]);
         let released = match tokio::time::timeout_at(deadline, run_plain(&self.fred, &call)).await {
             Ok(result) => parse_flag(&result?)?,
             Err(_) => return Err(OpError::Failed(timeout_error())),

@@ -158,7 +158,7 @@ pub(crate) struct LockKeys {
     /// The Redis Cluster hash slot of both keys.
     pub(crate) slot: u16,
     /// The user's key, printable, for errors and traces.
-    pub(crate) display: String,
+    pub(crate) display: std::sync::Arc<str>,
 }
 
 impl LockKeys {
@@ -178,7 +178,7 @@ impl LockKeys {
             lock: Bytes::from(lock),
             fence: Bytes::from(fence),
             slot,
-            display: printable(key),
+            display: std::sync::Arc::from(printable(key)),
         }
     }
 }

@@ -46,7 +46,7 @@ pub struct Lease {
 }
 
 struct LeaseState {
-    key: String,
+    key: Arc<str>,
     namespace: Arc<str>,
     fencing_token: u64,
     acquired_at: Instant,
@@ -56,7 +56,7 @@ struct LeaseState {
 
 impl Lease {
     pub(crate) fn new(
-        key: String,
+        key: Arc<str>,
         namespace: Arc<str>,
         fencing_token: u64,
         acquired_at: Instant,

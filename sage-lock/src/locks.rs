@@ -10,6 +10,8 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
+use fred::bytes::Bytes;
+
 use crate::client::{Ack, ClientInner, DEADLINE_REACHED, LockClient, OpError};
 use crate::error::{LockError, LossReason, TimeoutReason};
 use crate::global;
@@ -305,7 +307,7 @@ async fn run<F: Future>(
     let (lost_tx, lost_rx) = oneshot::channel();
     let renewal = Renewal {
         keys: Arc::clone(&keys),
-        token: Arc::clone(&held.token),
+        token: held.token.clone(),
         lease_duration: settings.lease,
         replica_ack: settings.replica_acknowledgement,
         lease: held.lease.clone(),
@@ -334,7 +336,7 @@ struct Held {
     keys: Arc<LockKeys>,
     namespace: Arc<str>,
     metrics: Arc<Metrics>,
-    token: Arc<str>,
+    token: Bytes,
     lease: Lease,
     /// Renewal of the held lease; dropping it stops renewal.
     renewal: Option<Registration>,
@@ -372,7 +374,7 @@ impl Held {
         }
         self.armed = false;
         LockError::LockLost {
-            key: self.keys.display.clone(),
+            key: self.keys.display.to_string(),
             namespace: self.namespace.to_string(),
             held: self.lease.held_for(),
             reason,
@@ -394,7 +396,7 @@ impl Drop for Held {
 }
 
 /// Compare-and-delete, bounded by [`RELEASE_TIMEOUT`]; failures are logged (the lease expires).
-async fn release_now(client: &ClientInner, keys: &LockKeys, token: &str, metrics: &Metrics) {
+async fn release_now(client: &ClientInner, keys: &LockKeys, token: &Bytes, metrics: &Metrics) {
     match client
         .release(keys, token, Instant::now() + RELEASE_TIMEOUT)
         .await
@@ -408,7 +410,7 @@ async fn release_now(client: &ClientInner, keys: &LockKeys, token: &str, metrics
 fn release_in_background(
     client: &Arc<ClientInner>,
     keys: &Arc<LockKeys>,
-    token: &Arc<str>,
+    token: &Bytes,
     metrics: &Arc<Metrics>,
 ) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -417,7 +419,7 @@ fn release_in_background(
     let (client, keys, token, metrics) = (
         Arc::clone(client),
         Arc::clone(keys),
-        Arc::clone(token),
+        token.clone(),
         Arc::clone(metrics),
     );
     runtime.spawn(async move {
@@ -425,8 +427,9 @@ fn release_in_background(
     });
 }
 
-fn new_token() -> Arc<str> {
-    Arc::from(format!("{:032x}", rand::random::<u128>()))
+/// A random 128-bit owner token, as 32 hex digits.
+fn new_token() -> Bytes {
+    Bytes::from(format!("{:032x}", rand::random::<u128>()))
 }
 
 /// Acquires per `mode`: `Ok(None)` only in [`Mode::Try`] when the lock is busy.
@@ -448,7 +451,7 @@ async fn acquire(
         client.stats.record(&settings.metrics, Event::Timeout);
         tracing::debug!(%reason, waited = ?start.elapsed(), "lock acquisition timed out");
         LockError::TimedOut {
-            key: keys.display.clone(),
+            key: keys.display.to_string(),
             namespace: namespace.to_string(),
             waited: start.elapsed(),
             reason,
@@ -461,8 +464,14 @@ async fn acquire(
         keys: Arc::clone(keys),
         namespace: Arc::clone(namespace),
         metrics: Arc::clone(&settings.metrics),
-        token: Arc::clone(&token),
-        lease: Lease::new(keys.display.clone(), Arc::clone(namespace), 0, start, start),
+        token: token.clone(),
+        lease: Lease::new(
+            Arc::clone(&keys.display),
+            Arc::clone(namespace),
+            0,
+            start,
+            start,
+        ),
         renewal: None,
         armed: true,
         granted_by: None,
@@ -583,7 +592,7 @@ async fn acquire_loop(
                     return Err(Stop::Lost(LossReason::ExpiredBeforeStart));
                 }
                 let lease = Lease::new(
-                    keys.display.clone(),
+                    Arc::clone(&keys.display),
                     Arc::clone(namespace),
                     fence,
                     sent,

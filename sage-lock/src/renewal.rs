@@ -36,7 +36,7 @@ const MAX_BATCH: usize = 256;
 /// What the renewer needs about one held lock.
 pub(crate) struct Renewal {
     pub(crate) keys: Arc<LockKeys>,
-    pub(crate) token: Arc<str>,
+    pub(crate) token: Bytes,
     pub(crate) lease_duration: Duration,
     pub(crate) replica_ack: bool,
     pub(crate) lease: Lease,
@@ -339,7 +339,7 @@ impl Batch {
     fn add(&mut self, id: u64, renewal: &Renewal) {
         self.ids.push(id);
         self.keys.push(renewal.keys.lock.clone());
-        self.tokens.push(Value::from(&*renewal.token));
+        self.tokens.push(Value::Bytes(renewal.token.clone()));
         let valid_until = renewal.lease.valid_until();
         self.deadline = Some(self.deadline.map_or(valid_until, |d| d.min(valid_until)));
     }
