@@ -14,8 +14,12 @@ use proc_macro::TokenStream;
 /// arguments: waits for the lock (or, with `try_lock`, gives up at once when it is busy),
 /// renews it while the body runs, and releases it when the body ends.
 ///
-/// ```ignore
-/// use sage_lock::locked;
+/// ```no_run
+/// use sage_lock::{locked, LockError};
+/// # #[derive(Debug)] struct AppError(LockError);
+/// # impl From<LockError> for AppError { fn from(e: LockError) -> Self { AppError(e) } }
+/// # struct Receipt(u64);
+/// # impl Receipt { fn new(id: u64) -> Self { Receipt(id) } }
 ///
 /// #[locked(key = "account:{id}", wait = "2s", namespace = "account-updates")]
 /// async fn update_account(id: u64, delta: i64) -> Result<(), AppError> {   // AppError: From<LockError>

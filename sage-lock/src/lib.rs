@@ -27,9 +27,15 @@
 //!
 //! Or declaratively, with [`locked`]:
 //!
-//! ```ignore
+//! ```no_run
+//! # use sage_lock::LockError;
+//! # #[derive(Debug)] struct AppError(LockError);
+//! # impl From<LockError> for AppError { fn from(e: LockError) -> Self { AppError(e) } }
 //! #[sage_lock::locked(key = "account:{id}", wait = "2s", namespace = "account-updates")]
-//! async fn update_account(id: u64, delta: i64) -> Result<(), AppError> { /* ... */ }
+//! async fn update_account(id: u64, delta: i64) -> Result<(), AppError> {
+//!     // at most one process runs this for a given `id` at a time
+//!     Ok(())
+//! }
 //! ```
 //!
 //! ## Limits
