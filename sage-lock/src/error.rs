@@ -150,7 +150,8 @@ pub enum LossReason {
         /// Replicas that had to acknowledge.
         required: i64,
     },
-    /// The node that granted the lock is no longer a primary (failover).
+    /// The node that granted the lock is no longer a primary (failover): `ROLE` on it reports a
+    /// replica, or another node now serves the lock's slot.
     RoleChanged(String),
     /// The usable lease ended before the body could start.
     ExpiredBeforeStart,
@@ -177,10 +178,7 @@ impl fmt::Display for LossReason {
                  usable lease ran out"
             ),
             LossReason::RoleChanged(role) => {
-                write!(
-                    f,
-                    "the granting node is no longer a primary (ROLE reports {role})"
-                )
+                write!(f, "the granting node is no longer a primary: {role}")
             }
             LossReason::ExpiredBeforeStart => {
                 f.write_str("the usable lease ended before the body could start")
