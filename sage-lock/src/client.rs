@@ -500,12 +500,19 @@ impl ClientInner {
             Ok(Ok(checked)) => {
                 let node = serving_node(&loan.conn, call.slot);
                 let judged = judge(checked, &loan.conn, node, granted_by);
-                self.pool.put_back(loan);
+                if judged.1 == Ack::Confirmed {
+                    self.pool.put_back(loan);
+                } else {
+                    // A failover may be under way: let every dedicated connection reconnect.
+                    close_in_background(loan.conn);
+                    self.pool.discard_idle();
+                }
                 Ok(judged)
             }
             failed => {
                 // The connection may still be blocked in WAIT or broken: never reuse it.
                 close_in_background(loan.conn);
+                self.pool.discard_idle();
                 Err(OpError::Failed(match failed {
                     Ok(Err(error)) => error,
                     _ => timeout_error(),

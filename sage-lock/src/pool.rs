@@ -97,6 +97,19 @@ impl DedicatedPool {
         }
     }
 
+    /// Closes idle connections in the background, so the next loans connect afresh (after a
+    /// failover, idle connections may still point at the old primary).
+    pub(crate) fn discard_idle(&self) {
+        let idle: Vec<Client> = self
+            .idle
+            .lock()
+            .map(|mut idle| idle.drain(..).collect())
+            .unwrap_or_default();
+        for conn in idle {
+            close_in_background(conn);
+        }
+    }
+
     /// Closes idle connections.
     pub(crate) async fn close(&self) {
         let idle: Vec<Client> = self
