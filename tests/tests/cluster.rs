@@ -21,18 +21,8 @@ fn target(kind: ServerKind) -> Target {
     }
 }
 
-macro_rules! on_both_servers {
-    ($($name:ident),* $(,)?) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() {
-            for kind in ServerKind::ALL {
-                common::$name(&target(kind)).await;
-            }
-        }
-    )*};
-}
-
-on_both_servers!(
+common::behaviour_tests!(
+    target;
     mutual_exclusion,
     timed_out_is_bounded,
     try_lock_busy_and_free,

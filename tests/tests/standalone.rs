@@ -11,18 +11,8 @@ use harness::{Server, ServerKind};
 use sage_lock::{LockClient, LockError, LockOptions, Locks, TimeoutReason};
 use tokio::io::AsyncBufReadExt as _;
 
-macro_rules! on_both_servers {
-    ($($name:ident),* $(,)?) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $name() {
-            for kind in ServerKind::ALL {
-                common::$name(&Target::standalone(kind)).await;
-            }
-        }
-    )*};
-}
-
-on_both_servers!(
+common::behaviour_tests!(
+    Target::standalone;
     mutual_exclusion,
     timed_out_is_bounded,
     try_lock_busy_and_free,

@@ -10,6 +10,22 @@ use std::time::{Duration, Instant};
 use harness::ServerKind;
 use sage_lock::{LockClient, LockError, LockOptions, Locks, LossReason, TimeoutReason};
 
+/// Defines one `#[tokio::test]` per named behaviour of this module, each run against
+/// `$target(kind)` for both server kinds.
+#[allow(unused_macros)] // not every test binary uses it
+macro_rules! behaviour_tests {
+    ($target:path; $($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            for kind in harness::ServerKind::ALL {
+                common::$name(&$target(kind)).await;
+            }
+        }
+    )*};
+}
+#[allow(unused_imports)]
+pub(crate) use behaviour_tests;
+
 /// One deployment under test.
 #[derive(Clone, Debug)]
 pub struct Target {

@@ -77,7 +77,7 @@ impl std::fmt::Display for Tenant {
 }
 
 fn sage_lock_client() -> sage_lock::LockClient {
-    unimplemented!()
+    sage_lock::LockClient::from_fred(sage_lock::fred::clients::Client::default())
 }
 
 fn main() {
