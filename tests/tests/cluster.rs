@@ -35,6 +35,7 @@ common::behaviour_tests!(
     body_error_untouched,
     binary_and_unicode_keys,
     fencing_tokens_increase,
+    invalid_arguments,
 );
 
 /// Locks spread over all three shards, and each shard's lock key sits with its fencing counter.

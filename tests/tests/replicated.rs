@@ -34,6 +34,7 @@ common::behaviour_tests!(
     body_error_untouched,
     binary_and_unicode_keys,
     fencing_tokens_increase,
+    invalid_arguments,
 );
 
 /// Acquisition and renewal on a replicated deployment send ROLE and WAIT; the write reaches the

@@ -25,10 +25,14 @@ common::behaviour_tests!(
     try_lock_busy_and_free,
     renewal_keeps_short_lease,
     loss_when_key_deleted,
+    loss_when_key_overwritten,
     cancellation_releases,
+    namespaces_isolate,
     not_reentrant,
+    body_error_untouched,
     binary_and_unicode_keys,
     fencing_tokens_increase,
+    invalid_arguments,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
