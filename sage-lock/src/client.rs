@@ -22,6 +22,7 @@ use crate::locks::{LockOptions, Locks};
 use crate::observe::{LockStats, Stats};
 use crate::pool::{DedicatedConnection, DedicatedPool, PoolError, close_in_background};
 use crate::renewal::Renewer;
+use crate::retry::deadline_after;
 use crate::scripts::{AcquireReply, ScriptCall, Scripts, is_noscript, parse_acquire, parse_flag};
 use crate::topology::{Checked, Deployment, ReplicaHints, run_checked};
 
@@ -192,7 +193,7 @@ impl LockClient {
         &self,
         timeout: Duration,
     ) -> Result<DedicatedConnection, LockError> {
-        match self.inner.pool.take(Instant::now() + timeout).await {
+        match self.inner.pool.take(deadline_after(timeout)).await {
             Ok(loan) => Ok(DedicatedConnection::new(loan, Arc::downgrade(&self.inner))),
             Err(PoolError::Exhausted) => Err(LockError::backend(
                 format!(
@@ -468,7 +469,7 @@ impl ClientInner {
         deadline: Instant,
         granted_by: Option<&Server>,
     ) -> Result<(Value, Ack, Option<Server>), OpError> {
-        let limit = deadline.min(Instant::now() + self.command_timeout);
+        let limit = deadline.min(deadline_after(self.command_timeout));
         if !self.deployment.is_replicated() {
             return match tokio::time::timeout_at(limit, run_plain(&self.fred, call)).await {
                 Ok(result) => Ok((result?, Ack::Confirmed, None)),

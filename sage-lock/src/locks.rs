@@ -19,7 +19,7 @@ use crate::key::{KeyCodec, LockKeys};
 use crate::lease::{Lease, drift, scope};
 use crate::observe::{Event, Metrics};
 use crate::renewal::{Registration, Renewal, Renewer};
-use crate::retry::{Backoff, Failure, classify, remaining};
+use crate::retry::{Backoff, Failure, classify, deadline_after, remaining};
 use crate::scripts::AcquireReply;
 
 /// The shortest lease accepted.
@@ -443,7 +443,9 @@ async fn acquire(
     let lease_duration = settings.lease;
     let usable = lease_duration.saturating_sub(drift(lease_duration));
     let deadline = match mode {
-        Mode::Wait(wait) => start + wait,
+        Mode::Wait(wait) => start
+            .checked_add(wait)
+            .unwrap_or_else(|| deadline_after(wait)),
         Mode::Try => start + TRY_LOCK_RETRY_WINDOW.min(usable),
     };
     let namespace = &settings.namespace;

@@ -92,6 +92,14 @@ impl Backoff {
     }
 }
 
+/// The instant `duration` from now; a duration too large to represent (e.g. `Duration::MAX`)
+/// means "about thirty years", never a panic.
+pub(crate) fn deadline_after(duration: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(duration)
+        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 24 * 60 * 60))
+}
+
 /// Time left until `deadline`, zero once it has passed.
 pub(crate) fn remaining(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
@@ -134,6 +142,11 @@ mod tests {
             classify(&Error::new(ErrorKind::Auth, "bad")),
             Failure::Permanent
         );
+    }
+
+    #[test]
+    fn huge_durations_do_not_overflow() {
+        assert!(deadline_after(Duration::MAX) > Instant::now() + Duration::from_secs(3600));
     }
 
     #[test]

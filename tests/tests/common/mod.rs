@@ -534,4 +534,7 @@ pub async fn invalid_arguments(target: &Target) {
             .lock_with::<str>(LockOptions::new().lease(Duration::from_millis(30)))
             .is_ok()
     );
+    // Absurdly large values are not errors (nor panics): they mean "wait as long as it takes".
+    let forever = locks.with_lock("forever", Duration::MAX, async { 1 }).await;
+    assert_eq!(forever.expect("Duration::MAX wait"), 1);
 }
