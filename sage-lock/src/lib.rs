@@ -46,6 +46,8 @@
 //! make Redis or Valkey strongly consistent. Where correctness must survive those failures, have
 //! the downstream store check the [`Lease::fencing_token`].
 
+#![warn(missing_docs)]
+
 mod client;
 mod error;
 pub mod global;
