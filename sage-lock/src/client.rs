@@ -491,10 +491,11 @@ impl ClientInner {
             Err(PoolError::Exhausted) => return Err(OpError::PoolExhausted),
             Err(PoolError::Connect(error)) => return Err(OpError::Failed(error)),
         };
-        // WAIT may use what is left of the deadline; its reply needs a round trip more.
-        let wait_until = deadline
-            .checked_sub(Duration::from_millis(5))
-            .unwrap_or(deadline);
+        // WAIT may use most of what is left of the deadline, leaving a tenth (5 to 100 ms) for
+        // its reply, so a renewal reports before the usable lease ends.
+        let left = crate::retry::remaining(deadline);
+        let slack = (left / 10).clamp(Duration::from_millis(5), Duration::from_millis(100));
+        let wait_until = deadline.checked_sub(slack).unwrap_or(deadline);
         let checked = run_checked(&loan.conn, &self.hints, call, Some(wait_until));
         let grace = Duration::from_millis(250).min(self.command_timeout);
         match tokio::time::timeout_at(deadline + grace, checked).await {

@@ -46,6 +46,8 @@ pub struct Lease {
 }
 
 struct LeaseState {
+    /// The drift margin subtracted from the lease.
+    margin: Duration,
     key: Arc<str>,
     namespace: Arc<str>,
     fencing_token: u64,
@@ -61,9 +63,11 @@ impl Lease {
         fencing_token: u64,
         acquired_at: Instant,
         valid_until: Instant,
+        margin: Duration,
     ) -> Self {
         let lease = Lease {
             state: Arc::new(LeaseState {
+                margin,
                 key,
                 namespace,
                 fencing_token,
@@ -112,6 +116,11 @@ impl Lease {
     #[must_use]
     pub fn held_for(&self) -> Duration {
         self.state.acquired_at.elapsed()
+    }
+
+    /// The drift margin between the usable lease and the server-side expiry.
+    pub(crate) fn margin(&self) -> Duration {
+        self.state.margin
     }
 
     pub(crate) fn acquired_at(&self) -> Instant {
@@ -165,6 +174,7 @@ mod tests {
             7,
             now,
             now + Duration::from_secs(1),
+            Duration::ZERO,
         );
         let seen = scope(lease, async {
             current_lease().map(|l| (l.fencing_token(), l.is_valid()))
@@ -183,6 +193,7 @@ mod tests {
             1,
             now,
             now + Duration::from_secs(10),
+            Duration::ZERO,
         );
         lease.extend_to(now + Duration::from_secs(1));
         assert!(lease.remaining() > Duration::from_secs(5));

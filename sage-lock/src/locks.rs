@@ -322,9 +322,31 @@ async fn run<F: Future>(
             let reason = reason.unwrap_or(LossReason::RenewalFailed("renewal task ended".into()));
             Err(Box::pin(held.lost(reason)).instrument(span).await)
         }
+        () = lease_ran_out(&held.lease) => {
+            // The renewer did not report in time (its task starved or gone): never let the body
+            // run past the usable lease.
+            let reason = held.renewal.take().map_or_else(
+                || LossReason::RenewalFailed("no renewal completed in time".into()),
+                Registration::into_loss,
+            );
+            Err(Box::pin(held.lost(reason)).instrument(span).await)
+        }
         output = body => {
             Box::pin(held.release()).instrument(span).await;
             Ok(Some(output))
+        }
+    }
+}
+
+/// Resolves once the usable lease has run out without being extended: the safety net behind the
+/// renewer's own loss report. Fires a drift margin after the lease's end (still before the
+/// server-side expiry) so the renewer, which gives up at the end, normally reports first.
+async fn lease_ran_out(lease: &Lease) {
+    loop {
+        let valid_until = lease.valid_until();
+        tokio::time::sleep_until(valid_until + lease.margin() / 2).await;
+        if lease.valid_until() <= valid_until {
+            return;
         }
     }
 }
@@ -367,6 +389,10 @@ impl Held {
     async fn lost(mut self, reason: LossReason) -> LockError {
         self.stop_renewal();
         self.client.stats.record(&self.metrics, Event::Loss);
+        if self.client.deployment.is_replicated() {
+            // Likely a failover: idle dedicated connections may point at the old primary.
+            self.client.pool.discard_idle();
+        }
         self.metrics.held(self.lease.held_for());
         tracing::warn!(reason = %reason, held = ?self.lease.held_for(), "lock lost; body cancelled");
         if reason != LossReason::NotOwner {
@@ -473,6 +499,7 @@ async fn acquire(
             0,
             start,
             start,
+            Duration::ZERO,
         ),
         renewal: None,
         armed: true,
@@ -599,6 +626,7 @@ async fn acquire_loop(
                     fence,
                     sent,
                     valid_until,
+                    drift(lease_duration),
                 );
                 return Ok(Some(Granted {
                     lease,

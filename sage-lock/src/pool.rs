@@ -31,6 +31,7 @@ pub(crate) struct DedicatedPool {
     permits: Arc<Semaphore>,
     idle: Mutex<Vec<Client>>,
     max_connections: usize,
+    generation: std::sync::atomic::AtomicU64,
 }
 
 /// A dedicated connection on loan; give it back with [`DedicatedPool::put_back`] when it is known
@@ -40,6 +41,9 @@ pub(crate) struct Loan {
     pub(crate) conn: Client,
     /// Frees the pool slot when the loan ends.
     _permit: OwnedSemaphorePermit,
+    /// The pool's generation when the loan began: a loan from before a
+    /// [`DedicatedPool::discard_idle`] is closed, not returned.
+    generation: u64,
 }
 
 impl DedicatedPool {
@@ -49,6 +53,7 @@ impl DedicatedPool {
             permits: Arc::new(Semaphore::new(max_connections)),
             idle: Mutex::new(Vec::new()),
             max_connections,
+            generation: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -70,6 +75,7 @@ impl DedicatedPool {
                 return Ok(Loan {
                     conn,
                     _permit: permit,
+                    generation: self.generation(),
                 });
             }
             close_in_background(conn);
@@ -80,6 +86,7 @@ impl DedicatedPool {
             Ok(Ok(_task)) => Ok(Loan {
                 conn,
                 _permit: permit,
+                generation: self.generation(),
             }),
             Ok(Err(error)) => Err(PoolError::Connect(error)),
             Err(_) => {
@@ -91,15 +98,30 @@ impl DedicatedPool {
 
     /// Returns an idle, healthy connection for reuse.
     pub(crate) fn put_back(&self, loan: Loan) {
-        let Loan { conn, _permit } = loan;
+        let Loan {
+            conn,
+            _permit,
+            generation,
+        } = loan;
+        if generation != self.generation() {
+            close_in_background(conn);
+            return;
+        }
         if let Ok(mut idle) = self.idle.lock() {
             idle.push(conn);
         }
     }
 
+    fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Closes idle connections in the background, so the next loans connect afresh (after a
     /// failover, idle connections may still point at the old primary).
     pub(crate) fn discard_idle(&self) {
+        // Loans out now were taken before this: they are closed when they come back.
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let idle: Vec<Client> = self
             .idle
             .lock()
@@ -135,6 +157,7 @@ pub struct DedicatedConnection {
     conn: Client,
     /// The pool slot; `None` once discarded.
     permit: Option<OwnedSemaphorePermit>,
+    generation: u64,
     client: std::sync::Weak<crate::client::ClientInner>,
 }
 
@@ -143,6 +166,7 @@ impl DedicatedConnection {
         DedicatedConnection {
             conn: loan.conn,
             permit: Some(loan._permit),
+            generation: loan.generation,
             client,
         }
     }
@@ -172,6 +196,7 @@ impl Drop for DedicatedConnection {
                 inner.pool.put_back(Loan {
                     conn: self.conn.clone(),
                     _permit: permit,
+                    generation: self.generation,
                 });
             }
             _ => close_in_background(self.conn.clone()),

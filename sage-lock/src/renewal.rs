@@ -77,6 +77,17 @@ pub(crate) struct Registration {
     client: Weak<ClientInner>,
 }
 
+impl Registration {
+    /// Stops renewal and returns what the renewer last saw go wrong.
+    pub(crate) fn into_loss(self) -> LossReason {
+        let last = self
+            .client
+            .upgrade()
+            .and_then(|client| client.renewer.last_problem(self.id));
+        last.unwrap_or_else(|| LossReason::RenewalFailed("no renewal completed in time".into()))
+    }
+}
+
 impl Drop for Registration {
     fn drop(&mut self) {
         if let Some(client) = self.client.upgrade() {
@@ -123,6 +134,13 @@ impl Renewer {
             id,
             client: Arc::downgrade(client),
         }
+    }
+
+    fn last_problem(&self, id: u64) -> Option<LossReason> {
+        lock(&self.state)
+            .entries
+            .get(&id)
+            .and_then(|entry| entry.last_problem.clone())
     }
 
     fn forget(&self, id: u64) {
