@@ -21,22 +21,7 @@ fn target(kind: ServerKind) -> Target {
     }
 }
 
-common::behaviour_tests!(
-    target;
-    mutual_exclusion,
-    timed_out_is_bounded,
-    try_lock_busy_and_free,
-    renewal_keeps_short_lease,
-    loss_when_key_deleted,
-    loss_when_key_overwritten,
-    cancellation_releases,
-    namespaces_isolate,
-    not_reentrant,
-    body_error_untouched,
-    binary_and_unicode_keys,
-    fencing_tokens_increase,
-    invalid_arguments,
-);
+common::behaviour_suite!(target);
 
 /// Locks spread over all three shards, and each shard's lock key sits with its fencing counter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,6 +11,16 @@ use common::Target;
 use harness::{Replicated, ServerKind};
 use sage_lock::{LockClient, LockError, LockOptions, Locks, LossReason, TimeoutReason};
 
+/// A client of `setup`'s primary, declared replicated (no Sentinel).
+async fn connect_replicated(setup: &Replicated) -> LockClient {
+    LockClient::builder()
+        .url(&setup.primary_url())
+        .replicated(true)
+        .connect()
+        .await
+        .expect("connect")
+}
+
 fn target(kind: ServerKind) -> Target {
     Target {
         kind,
@@ -20,22 +30,7 @@ fn target(kind: ServerKind) -> Target {
     }
 }
 
-common::behaviour_tests!(
-    target;
-    mutual_exclusion,
-    timed_out_is_bounded,
-    try_lock_busy_and_free,
-    renewal_keeps_short_lease,
-    loss_when_key_deleted,
-    loss_when_key_overwritten,
-    cancellation_releases,
-    namespaces_isolate,
-    not_reentrant,
-    body_error_untouched,
-    binary_and_unicode_keys,
-    fencing_tokens_increase,
-    invalid_arguments,
-);
+common::behaviour_suite!(target);
 
 /// Acquisition and renewal on a replicated deployment send ROLE and WAIT; the write reaches the
 /// replicas before the body starts.
@@ -43,12 +38,7 @@ common::behaviour_tests!(
 async fn role_and_wait_are_sent_and_replicas_have_the_lock() {
     for kind in ServerKind::ALL {
         let setup = Replicated::start(kind, 2);
-        let client = LockClient::builder()
-            .url(&setup.primary_url())
-            .replicated(true)
-            .connect()
-            .await
-            .expect("connect");
+        let client = connect_replicated(&setup).await;
         let locks: Locks<str> = client
             .lock_with(
                 LockOptions::new()
@@ -111,12 +101,7 @@ async fn role_and_wait_are_sent_and_replicas_have_the_lock() {
 async fn stopped_replica_blocks_acknowledged_acquisition() {
     for kind in ServerKind::ALL {
         let setup = Replicated::start(kind, 2);
-        let client = LockClient::builder()
-            .url(&setup.primary_url())
-            .replicated(true)
-            .connect()
-            .await
-            .expect("connect");
+        let client = connect_replicated(&setup).await;
         let acked: Locks<str> = client
             .lock_with(LockOptions::new().namespace("stop-ack"))
             .expect("opts");
@@ -189,12 +174,7 @@ async fn stopped_replica_blocks_acknowledged_acquisition() {
 async fn stalled_replica_loses_held_lock() {
     for kind in ServerKind::ALL {
         let setup = Replicated::start(kind, 1);
-        let client = LockClient::builder()
-            .url(&setup.primary_url())
-            .replicated(true)
-            .connect()
-            .await
-            .expect("connect");
+        let client = connect_replicated(&setup).await;
         let lease = Duration::from_millis(600);
         let locks: Locks<str> = client
             .lock_with(LockOptions::new().namespace("stall").lease(lease))

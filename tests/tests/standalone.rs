@@ -11,22 +11,7 @@ use harness::{Server, ServerKind};
 use sage_lock::{LockClient, LockError, LockOptions, Locks, TimeoutReason};
 use tokio::io::AsyncBufReadExt as _;
 
-common::behaviour_tests!(
-    Target::standalone;
-    mutual_exclusion,
-    timed_out_is_bounded,
-    try_lock_busy_and_free,
-    renewal_keeps_short_lease,
-    loss_when_key_deleted,
-    loss_when_key_overwritten,
-    cancellation_releases,
-    namespaces_isolate,
-    not_reentrant,
-    body_error_untouched,
-    binary_and_unicode_keys,
-    fencing_tokens_increase,
-    invalid_arguments,
-);
+common::behaviour_suite!(Target::standalone);
 
 /// A standalone client never sends ROLE or WAIT.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

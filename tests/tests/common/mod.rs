@@ -26,6 +26,31 @@ macro_rules! behaviour_tests {
 #[allow(unused_imports)]
 pub(crate) use behaviour_tests;
 
+/// Defines the whole behaviour suite of this module as tests against `$target(kind)`.
+#[allow(unused_macros)] // not every test binary uses it
+macro_rules! behaviour_suite {
+    ($target:path) => {
+        common::behaviour_tests!(
+            $target;
+            mutual_exclusion,
+            timed_out_is_bounded,
+            try_lock_busy_and_free,
+            renewal_keeps_short_lease,
+            loss_when_key_deleted,
+            loss_when_key_overwritten,
+            cancellation_releases,
+            namespaces_isolate,
+            not_reentrant,
+            body_error_untouched,
+            binary_and_unicode_keys,
+            fencing_tokens_increase,
+            invalid_arguments,
+        );
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use behaviour_suite;
+
 /// One deployment under test.
 #[derive(Clone, Debug)]
 pub struct Target {
