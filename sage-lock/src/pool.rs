@@ -122,24 +122,21 @@ impl DedicatedPool {
         // Loans out now were taken before this: they are closed when they come back.
         self.generation
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        let idle: Vec<Client> = self
-            .idle
-            .lock()
-            .map(|mut idle| idle.drain(..).collect())
-            .unwrap_or_default();
-        for conn in idle {
+        for conn in self.take_idle() {
             close_in_background(conn);
         }
     }
 
+    fn take_idle(&self) -> Vec<Client> {
+        self.idle
+            .lock()
+            .map(|mut idle| std::mem::take(&mut *idle))
+            .unwrap_or_default()
+    }
+
     /// Closes idle connections.
     pub(crate) async fn close(&self) {
-        let idle: Vec<Client> = self
-            .idle
-            .lock()
-            .map(|mut idle| idle.drain(..).collect())
-            .unwrap_or_default();
-        for conn in idle {
+        for conn in self.take_idle() {
             let _ = tokio::time::timeout(Duration::from_secs(1), conn.quit()).await;
         }
     }

@@ -60,3 +60,29 @@ pub fn shared_cluster(kind: ServerKind) -> &'static Cluster {
     static SHARED: [OnceLock<Cluster>; KINDS] = [const { OnceLock::new() }; KINDS];
     SHARED[kind.index()].get_or_init(|| Cluster::start(kind))
 }
+
+/// Holds the lock on `key` from a spawned task until the returned sender fires (or is dropped);
+/// returns once the lock is held. Join the handle to see the holder finish.
+pub async fn hold_by_hand(
+    locks: &sage_lock::Locks<String>,
+    key: &str,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let locks = locks.clone();
+    let key = key.to_owned();
+    let holder = tokio::spawn(async move {
+        locks
+            .with_lock(&key, std::time::Duration::from_secs(5), async move {
+                let _ = entered_tx.send(());
+                let _ = release_rx.await;
+            })
+            .await
+            .expect("hold the lock by hand");
+    });
+    entered_rx.await.expect("the hand-held lock was acquired");
+    (release_tx, holder)
+}

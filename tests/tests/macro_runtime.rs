@@ -38,27 +38,6 @@ fn hand_locks(client: &LockClient, namespace: &str) -> Locks<String> {
 }
 
 /// Holds `key` by hand (through `Locks<String>`) until the returned sender is dropped or fired.
-async fn hold_by_hand(
-    locks: &Locks<String>,
-    key: &str,
-) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
-    let (entered_tx, entered_rx) = oneshot::channel();
-    let (release_tx, release_rx) = oneshot::channel::<()>();
-    let locks = locks.clone();
-    let key = key.to_owned();
-    let holder = tokio::spawn(async move {
-        locks
-            .with_lock(&key, Duration::from_secs(5), async move {
-                let _ = entered_tx.send(());
-                let _ = release_rx.await;
-            })
-            .await
-            .expect("hold the lock by hand");
-    });
-    entered_rx.await.expect("the hand-held lock was acquired");
-    (release_tx, holder)
-}
-
 async fn release(release: oneshot::Sender<()>, holder: tokio::task::JoinHandle<()>) {
     let _ = release.send(());
     holder.await.expect("the holder task");
@@ -129,7 +108,7 @@ async fn macro_key_equals_hand_built_key() {
         let kind = kind.name();
 
         // Held by hand: every spelling of the macro key is busy; other keys are free.
-        let (release_tx, holder) = hold_by_hand(&hand, "account:42").await;
+        let (release_tx, holder) = harness::hold_by_hand(&hand, "account:42").await;
         assert!(
             !is_free(settle(&client, 42).await, "account:42"),
             "{kind}: template"
@@ -157,7 +136,7 @@ async fn macro_key_equals_hand_built_key() {
         );
 
         // `{{`/`}}` escapes: "{account}:7" by hand is the escaped template's key.
-        let (release_tx, holder) = hold_by_hand(&hand, "{account}:7").await;
+        let (release_tx, holder) = harness::hold_by_hand(&hand, "{account}:7").await;
         assert!(
             !is_free(settle_escaped(&client, 7).await, "{account}:7"),
             "{kind}: escapes"
@@ -293,7 +272,7 @@ async fn errors_convert_through_from_lock_error() {
         let hand = hand_locks(&client, ERRORS_NS);
         let kind = kind.name();
 
-        let (release_tx, holder) = hold_by_hand(&hand, "busy:1").await;
+        let (release_tx, holder) = harness::hold_by_hand(&hand, "busy:1").await;
         let ran = AtomicBool::new(false);
         let started = Instant::now();
         match waits_briefly(&client, 1, &ran).await {
@@ -424,7 +403,8 @@ async fn client_from_self_in_impls() {
         assert_eq!(accounts.deposit(7, 5).await.expect("deposit"), 5);
         assert_eq!(accounts.try_deposit(7, 5).await.expect("try"), Some(10));
 
-        let (release_tx, holder) = hold_by_hand(&hand, &format!("{tenant}:account:7")).await;
+        let (release_tx, holder) =
+            harness::hold_by_hand(&hand, &format!("{tenant}:account:7")).await;
         assert!(
             accounts
                 .try_deposit(7, 1)
@@ -466,7 +446,8 @@ async fn client_from_self_in_impls() {
             accounts.try_write(0).await,
             Err(AppError::Body("no id"))
         ));
-        let (release_tx, holder) = hold_by_hand(&hand, &format!("{tenant}:journal:5")).await;
+        let (release_tx, holder) =
+            harness::hold_by_hand(&hand, &format!("{tenant}:journal:5")).await;
         assert_eq!(
             accounts.try_write(5).await.expect("busy"),
             None,

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use sage_lock::global::{self, ServiceDefaults};
 use sage_lock::{LockClient, LockError, LockOptions, Locks, current_lease, locked};
-use tokio::sync::oneshot;
 
 const URL_FOR_INSTALL: &str = "SAGE_LOCK_TEST_INSTALL_URL";
 
@@ -48,27 +47,6 @@ async fn with_defaults(id: u64) -> Result<Option<(Seen, Duration)>, AppError> {
     Ok((seen(), lease.remaining()))
 }
 
-async fn hold_by_hand(
-    locks: &Locks<String>,
-    key: &str,
-) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
-    let (entered_tx, entered_rx) = oneshot::channel();
-    let (release_tx, release_rx) = oneshot::channel::<()>();
-    let locks = locks.clone();
-    let key = key.to_owned();
-    let holder = tokio::spawn(async move {
-        locks
-            .with_lock(&key, Duration::from_secs(5), async move {
-                let _ = entered_tx.send(());
-                let _ = release_rx.await;
-            })
-            .await
-            .expect("hold the lock by hand");
-    });
-    entered_rx.await.expect("the hand-held lock was acquired");
-    (release_tx, holder)
-}
-
 // ---------------------------------------------------------------------------------------------
 // Scenarios.
 
@@ -91,7 +69,7 @@ async fn connects_from_sage_lock_url() {
     assert!(global::installed().is_some(), "connected once and kept");
 
     // It is the server behind SAGE_LOCK_URL: a lock held there by hand is busy for the macro.
-    let (release, holder) = hold_by_hand(&hand, "global:42").await;
+    let (release, holder) = harness::hold_by_hand(&hand, "global:42").await;
     assert!(global_try(42).await.expect("try").is_none());
     let _ = release.send(());
     holder.await.expect("holder");
@@ -139,7 +117,7 @@ async fn installed_client_and_defaults() {
     let hand: Locks<String> = client
         .lock_with(LockOptions::new().namespace("macro-global-defaults"))
         .expect("options");
-    let (release, holder) = hold_by_hand(&hand, "defaults:6").await;
+    let (release, holder) = harness::hold_by_hand(&hand, "defaults:6").await;
     assert!(with_defaults(6).await.expect("try").is_none());
     let _ = release.send(());
     holder.await.expect("holder");
