@@ -26,9 +26,11 @@ use crate::retry::deadline_after;
 use crate::scripts::{AcquireReply, ScriptCall, Scripts, is_noscript, parse_acquire, parse_flag};
 use crate::topology::{Checked, Deployment, ReplicaHints, run_checked};
 
-/// Default size of the dedicated connection pool.
+/// Default size of the dedicated connection pool; change it with
+/// [`LockClientBuilder::max_connections`] (see [`LockClientBuilder`]'s example).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16;
-/// Default time allowed for the initial connection.
+/// Default time allowed for the initial connection; change it with
+/// [`LockClientBuilder::connect_timeout`] (see [`LockClientBuilder`]'s example).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A connection to a Redis or Valkey deployment, shared by all lock families made from it.
@@ -153,6 +155,14 @@ impl LockClient {
     }
 
     /// The deployment this client talks to.
+    ///
+    /// ```no_run
+    /// # fn demo(client: sage_lock::LockClient) {
+    /// if client.deployment().is_replicated() {
+    ///     println!("acquisitions wait for replicas to acknowledge");
+    /// }
+    /// # }
+    /// ```
     #[must_use]
     pub fn deployment(&self) -> Deployment {
         self.inner.deployment
@@ -165,6 +175,13 @@ impl LockClient {
     }
 
     /// Counters of this client's lock activity.
+    ///
+    /// ```no_run
+    /// # fn demo(client: sage_lock::LockClient) {
+    /// let stats = client.stats();
+    /// println!("{} acquired, {} timed out", stats.acquisitions, stats.timeouts);
+    /// # }
+    /// ```
     #[must_use]
     pub fn stats(&self) -> LockStats {
         self.inner.stats.snapshot()
@@ -185,6 +202,16 @@ impl LockClient {
 
     /// Borrows a connection from the dedicated pool (shared with replica-acknowledged lock
     /// operations), waiting at most `timeout` for a free one.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: sage_lock::LockClient) -> Result<(), sage_lock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// let connection = client.dedicated_connection(Duration::from_secs(1)).await?;
+    /// // `connection` dereferences to a fred client: run blocking commands on it.
+    /// drop(connection); // back to the pool
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// [`LockError::Backend`] when no connection became free within `timeout`, or connecting

@@ -8,6 +8,20 @@ use std::time::Duration;
 /// Every variant names the lock (key and namespace) it concerns where there is one, so
 /// `Display` alone tells an operator what happened. A body's own error is never turned into a
 /// `LockError`: `with_lock` returns the body's value untouched.
+///
+/// ```no_run
+/// # async fn demo(locks: sage_lock::Locks<str>) {
+/// use std::time::Duration;
+/// use sage_lock::{LockError, TimeoutReason};
+///
+/// match locks.with_lock("report", Duration::from_secs(2), async { 1 }).await {
+///     Ok(output) => println!("ran the body: {output}"),
+///     Err(LockError::TimedOut { reason: TimeoutReason::Busy, .. }) => println!("someone else runs it"),
+///     Err(error @ LockError::LockLost { .. }) => eprintln!("body cancelled: {error}"),
+///     Err(error) => eprintln!("{error}"),
+/// }
+/// # }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LockError {
@@ -88,7 +102,8 @@ impl LockError {
     }
 }
 
-/// What kept an acquisition from succeeding before its deadline.
+/// What kept an acquisition from succeeding before its deadline: the `reason` of
+/// [`LockError::TimedOut`] (matched in [`LockError`]'s example).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TimeoutReason {
@@ -135,7 +150,8 @@ impl fmt::Display for TimeoutReason {
     }
 }
 
-/// How a held lock was lost.
+/// How a held lock was lost: the `reason` of [`LockError::LockLost`] (see [`LockError`]'s
+/// example).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LossReason {

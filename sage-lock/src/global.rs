@@ -24,14 +24,15 @@ use crate::client::LockClient;
 use crate::error::LockError;
 use crate::locks::{validate_lease, validate_namespace};
 
-/// The environment variable the lazy default client connects to.
+/// The environment variable the lazy default client connects to (see [`client`]).
 pub const URL_VARIABLE: &str = "SAGE_LOCK_URL";
 
 static CLIENT: OnceCell<LockClient> = OnceCell::const_new();
 static DEFAULTS: OnceLock<ServiceDefaults> = OnceLock::new();
 static BUILT_IN: OnceLock<ServiceDefaults> = OnceLock::new();
 
-/// Installs the process-wide client. Call it once, before the first `#[locked]` call.
+/// Installs the process-wide client. Call it once, before the first `#[locked]` call (see the
+/// [module example](self)).
 ///
 /// # Errors
 /// [`LockError::InvalidArgument`] when a client was already installed, or already connected
@@ -47,6 +48,13 @@ pub fn install(client: LockClient) -> Result<(), LockError> {
 }
 
 /// The process-wide client: the installed one, else one connected (once) from `SAGE_LOCK_URL`.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), sage_lock::LockError> {
+/// // SAGE_LOCK_URL=redis://127.0.0.1:6379 in the environment
+/// let locks = sage_lock::global::client().await?.lock::<str>();
+/// # Ok(()) }
+/// ```
 ///
 /// # Errors
 /// [`LockError::InvalidArgument`] when nothing was installed and `SAGE_LOCK_URL` is unset or
@@ -69,12 +77,17 @@ pub async fn client() -> Result<LockClient, LockError> {
 }
 
 /// The installed client, if any (no lazy connect).
+///
+/// ```
+/// assert!(sage_lock::global::installed().is_none());
+/// ```
 #[must_use]
 pub fn installed() -> Option<LockClient> {
     CLIENT.get().cloned()
 }
 
 /// Service-wide lock defaults: used wherever a lock family or `#[locked]` leaves one unset.
+/// Installed with [`set_defaults`] (see the [module example](self)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ServiceDefaults {
@@ -126,6 +139,7 @@ impl ServiceDefaults {
 }
 
 /// Sets the service-wide defaults, once. Lock families created earlier keep what they resolved.
+/// See the [module example](self).
 ///
 /// # Errors
 /// [`LockError::InvalidArgument`] for a lease below 30 ms, an empty namespace, or a second call.
@@ -141,6 +155,10 @@ pub fn set_defaults(defaults: ServiceDefaults) -> Result<(), LockError> {
 }
 
 /// The service-wide defaults in effect.
+///
+/// ```
+/// assert_eq!(sage_lock::global::defaults().namespace, "lock"); // nothing set: built-in
+/// ```
 #[must_use]
 pub fn defaults() -> &'static ServiceDefaults {
     DEFAULTS

@@ -39,7 +39,8 @@ pub(crate) fn scope<F: Future>(lease: Lease, body: F) -> impl Future<Output = F:
 
 /// A held lock: its key, its fencing token, and how long it is still known to be valid.
 ///
-/// Cheap to clone; clones observe renewals.
+/// Cheap to clone; clones observe renewals. Get it inside a lock body with [`current_lease`]
+/// (see its example).
 #[derive(Clone)]
 pub struct Lease {
     state: Arc<LeaseState>,

@@ -22,11 +22,12 @@ use crate::renewal::{Registration, Renewal, Renewer};
 use crate::retry::{Backoff, Failure, classify, deadline_after, remaining};
 use crate::scripts::AcquireReply;
 
-/// The shortest lease accepted.
+/// The shortest lease accepted by [`LockOptions::lease`] (see [`LockOptions`]'s example).
 pub const MIN_LEASE: Duration = Duration::from_millis(30);
-/// How long `try_with_lock` retries transient failures at most.
+/// How long [`Locks::try_with_lock`] retries transient failures at most (see
+/// [`Locks::with_lock`]'s example).
 pub const TRY_LOCK_RETRY_WINDOW: Duration = Duration::from_secs(1);
-/// How long releasing may take before the call returns anyway.
+/// How long releasing may take before [`Locks::with_lock`] returns anyway (see its example).
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Options of a lock family. Unset options take the service-wide defaults
@@ -141,7 +142,8 @@ pub(crate) fn validate_namespace(namespace: &str) -> Result<(), LockError> {
 
 /// A family of locks over keys of type `K` with one lease, namespace and acknowledgement mode.
 ///
-/// Made by [`LockClient::lock`] or [`LockClient::lock_with`]; cheap to clone.
+/// Made by [`LockClient::lock`] or [`LockClient::lock_with`]; cheap to clone. See
+/// [`Locks::with_lock`] for an example.
 pub struct Locks<K: ?Sized> {
     client: LockClient,
     settings: Arc<LockSettings>,

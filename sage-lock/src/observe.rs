@@ -25,7 +25,8 @@ use std::time::Duration;
 
 use metrics::{Counter, Histogram, SharedString};
 
-/// A snapshot of one client's lock activity since it was created.
+/// A snapshot of one client's lock activity since it was created, from
+/// [`LockClient::stats`](crate::LockClient::stats) (see its example).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockStats {

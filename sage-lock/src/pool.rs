@@ -149,6 +149,9 @@ impl DedicatedPool {
 ///
 /// Leave it idle before dropping it: a connection dropped while a blocking command is still
 /// running should be closed instead, with [`DedicatedConnection::discard`].
+///
+/// Borrowed with [`LockClient::dedicated_connection`](crate::LockClient::dedicated_connection)
+/// (see its example).
 #[derive(Debug)]
 pub struct DedicatedConnection {
     conn: Client,

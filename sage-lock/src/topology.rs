@@ -16,7 +16,8 @@ use fred::types::{ClusterHash, CustomCommand, Value};
 
 use crate::scripts::{ScriptCall, is_noscript};
 
-/// The shape of the deployment behind a [`LockClient`](crate::LockClient).
+/// The shape of the deployment behind a [`LockClient`](crate::LockClient), from
+/// [`LockClient::deployment`](crate::LockClient::deployment) (see its example).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Deployment {
