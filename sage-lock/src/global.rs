@@ -15,21 +15,17 @@
 //! Without [`install`], the first use connects lazily to the URL in the `SAGE_LOCK_URL`
 //! environment variable.
 
-use std::sync::OnceLock;
-use std::time::Duration;
-
 use tokio::sync::OnceCell;
 
 use crate::client::LockClient;
 use crate::error::LockError;
-use crate::locks::{validate_lease, validate_namespace};
+
+pub use crate::options::{ServiceDefaults, defaults, set_defaults};
 
 /// The environment variable the lazy default client connects to (see [`client`]).
 pub const URL_VARIABLE: &str = "SAGE_LOCK_URL";
 
 static CLIENT: OnceCell<LockClient> = OnceCell::const_new();
-static DEFAULTS: OnceLock<ServiceDefaults> = OnceLock::new();
-static BUILT_IN: OnceLock<ServiceDefaults> = OnceLock::new();
 
 /// Installs the process-wide client. Call it once, before the first `#[locked]` call (see the
 /// [module example](self)).
@@ -84,84 +80,4 @@ pub async fn client() -> Result<LockClient, LockError> {
 #[must_use]
 pub fn installed() -> Option<LockClient> {
     CLIENT.get().cloned()
-}
-
-/// Service-wide lock defaults: used wherever a lock family or `#[locked]` leaves one unset.
-/// Installed with [`set_defaults`] (see the [module example](self)).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ServiceDefaults {
-    /// Default lease (built-in: 30 s).
-    pub lease: Duration,
-    /// Default namespace (built-in: `lock`).
-    pub namespace: String,
-    /// Default replica acknowledgement (built-in: on).
-    pub replica_acknowledgement: bool,
-}
-
-impl Default for ServiceDefaults {
-    fn default() -> Self {
-        ServiceDefaults {
-            lease: Duration::from_secs(30),
-            namespace: "lock".to_owned(),
-            replica_acknowledgement: true,
-        }
-    }
-}
-
-impl ServiceDefaults {
-    /// The built-in defaults.
-    #[must_use]
-    pub fn new() -> Self {
-        ServiceDefaults::default()
-    }
-
-    /// Sets the default lease.
-    #[must_use]
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
-        self
-    }
-
-    /// Sets the default namespace.
-    #[must_use]
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = namespace.into();
-        self
-    }
-
-    /// Sets the default replica acknowledgement.
-    #[must_use]
-    pub fn replica_acknowledgement(mut self, on: bool) -> Self {
-        self.replica_acknowledgement = on;
-        self
-    }
-}
-
-/// Sets the service-wide defaults, once. Lock families created earlier keep what they resolved.
-/// See the [module example](self).
-///
-/// # Errors
-/// [`LockError::InvalidArgument`] for a lease below 30 ms, an empty namespace, or a second call.
-pub fn set_defaults(defaults: ServiceDefaults) -> Result<(), LockError> {
-    validate_lease(defaults.lease)?;
-    validate_namespace(&defaults.namespace)?;
-    DEFAULTS.set(defaults).map_err(|_| {
-        LockError::invalid(
-            "defaults",
-            "service defaults were already set; set them once, at start-up",
-        )
-    })
-}
-
-/// The service-wide defaults in effect.
-///
-/// ```
-/// assert_eq!(sage_lock::global::defaults().namespace, "lock"); // nothing set: built-in
-/// ```
-#[must_use]
-pub fn defaults() -> &'static ServiceDefaults {
-    DEFAULTS
-        .get()
-        .unwrap_or_else(|| BUILT_IN.get_or_init(ServiceDefaults::default))
 }

@@ -48,27 +48,39 @@
 
 #![warn(missing_docs)]
 
+// Layers, bottom to top (each module imports only from layers below it):
+//   utilities:   error, key, lease, observe, retry, scripts, topology, url, options
+//   connection:  pool, connection (shared client, dedicated pool, checked script runs)
+//   engine:      renewal, engine (acquire → hold → release, generic over a primitive's Rules)
+//   primitives:  primitives::* (each states its scripts and rules)
+//   façade:      client (LockClient), global, macro_support
 mod client;
+mod connection;
+mod engine;
 mod error;
 pub mod global;
 mod key;
 mod lease;
-mod locks;
 mod macro_support;
 mod observe;
+mod options;
 mod pool;
+mod primitives;
 mod renewal;
 mod retry;
 mod scripts;
 mod topology;
+mod url;
 
 pub use client::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_CONNECTIONS, LockClient, LockClientBuilder};
+pub use engine::{RELEASE_TIMEOUT, TRY_LOCK_RETRY_WINDOW};
 pub use error::{LockError, LossReason, TimeoutReason};
 pub use key::KeyCodec;
 pub use lease::{Lease, current_lease};
-pub use locks::{LockOptions, Locks, MIN_LEASE, RELEASE_TIMEOUT, TRY_LOCK_RETRY_WINDOW};
 pub use observe::LockStats;
+pub use options::{LockOptions, MIN_LEASE};
 pub use pool::DedicatedConnection;
+pub use primitives::mutex::Locks;
 pub use sage_lock_macros::locked;
 pub use topology::Deployment;
 

@@ -158,16 +158,16 @@ pub struct DedicatedConnection {
     /// The pool slot; `None` once discarded.
     permit: Option<OwnedSemaphorePermit>,
     generation: u64,
-    client: std::sync::Weak<crate::client::ClientInner>,
+    pool: std::sync::Weak<DedicatedPool>,
 }
 
 impl DedicatedConnection {
-    pub(crate) fn new(loan: Loan, client: std::sync::Weak<crate::client::ClientInner>) -> Self {
+    pub(crate) fn new(loan: Loan, pool: std::sync::Weak<DedicatedPool>) -> Self {
         DedicatedConnection {
             conn: loan.conn,
             permit: Some(loan._permit),
             generation: loan.generation,
-            client,
+            pool,
         }
     }
 
@@ -191,9 +191,9 @@ impl Drop for DedicatedConnection {
         let Some(permit) = self.permit.take() else {
             return;
         };
-        match self.client.upgrade() {
-            Some(inner) if self.conn.is_connected() => {
-                inner.pool.put_back(Loan {
+        match self.pool.upgrade() {
+            Some(pool) if self.conn.is_connected() => {
+                pool.put_back(Loan {
                     conn: self.conn.clone(),
                     _permit: permit,
                     generation: self.generation,

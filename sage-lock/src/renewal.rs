@@ -12,7 +12,7 @@
 //! usable lease runs out first; the owner's `with_lock` call hears of it through a oneshot channel.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
 
 use fred::bytes::Bytes;
@@ -22,20 +22,87 @@ use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::client::{Ack, ClientInner, OpError};
+use crate::connection::{Ack, Connection, OpError};
 use crate::error::LossReason;
-use crate::key::LockKeys;
 use crate::lease::{Lease, drift};
 use crate::observe::{Event, Metrics};
-use crate::retry::{Backoff, Failure, classify, is_readonly};
+use crate::retry::{Backoff, Failure, classify, is_readonly, millis};
+use crate::scripts::Script;
 use crate::topology::Deployment;
 
 /// Most locks renewed by one script call.
 const MAX_BATCH: usize = 256;
 
-/// What the renewer needs about one held lock.
+/// Renews many holds of one slot at once. `ARGV[1]` is the lease in ms; `KEYS[i]` is renewed
+/// per `ARGV[2i]`: `o` (the key holds the token `ARGV[2i + 1]`: `PEXPIRE` it) or `m` (the token
+/// is a member of the sorted set `KEYS[i]`, scored by its expiry in server ms: move its expiry
+/// and keep the set alive at least as long). Replies one 1 (renewed) or 0 (no longer ours) per
+/// key. A key of the wrong type counts as "no longer ours" for that key alone.
+const RENEW_MANY: &str = r"
+local lease = tonumber(ARGV[1])
+local now
+local renewed = {}
+for i = 1, #KEYS do
+  local kind, token = ARGV[2 * i], ARGV[2 * i + 1]
+  renewed[i] = 0
+  if kind == 'o' then
+    local held = redis.pcall('GET', KEYS[i])
+    if held == token then
+      renewed[i] = redis.call('PEXPIRE', KEYS[i], lease)
+    end
+  else
+    if not now then
+      local t = redis.call('TIME')
+      now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+    local score = redis.pcall('ZSCORE', KEYS[i], token)
+    if type(score) == 'string' and tonumber(score) > now then
+      redis.call('ZADD', KEYS[i], now + lease, token)
+      if redis.call('PTTL', KEYS[i]) < lease then
+        redis.call('PEXPIRE', KEYS[i], lease)
+      end
+      renewed[i] = 1
+    end
+  end
+end
+return renewed
+";
+
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_MANY));
+
+/// Where one hold lives on the server, for renewal.
+#[derive(Debug, Clone)]
+pub(crate) struct RenewTarget {
+    /// The key that holds the token (or the set it is a member of).
+    pub(crate) key: Bytes,
+    pub(crate) kind: HoldKind,
+}
+
+/// How a hold is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HoldKind {
+    /// The key's value is the owner's token; its TTL is the lease.
+    Owner,
+    /// The token is a member of a sorted set, scored by its expiry (server ms). Used by the
+    /// primitives that keep several holders per key (semaphore, read lock).
+    #[allow(dead_code)]
+    Member,
+}
+
+impl HoldKind {
+    fn code(self) -> &'static str {
+        match self {
+            HoldKind::Owner => "o",
+            HoldKind::Member => "m",
+        }
+    }
+}
+
+/// What the renewer needs about one hold.
 pub(crate) struct Renewal {
-    pub(crate) keys: Arc<LockKeys>,
+    /// The hash slot of the hold's keys.
+    pub(crate) slot: u16,
+    pub(crate) target: RenewTarget,
     pub(crate) token: Bytes,
     pub(crate) lease_duration: Duration,
     pub(crate) replica_ack: bool,
@@ -64,46 +131,69 @@ struct State {
 }
 
 /// The per-client renewal scheduler.
-#[derive(Default)]
 pub(crate) struct Renewer {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    conn: Arc<Connection>,
     state: Mutex<State>,
     wake: Arc<Notify>,
     task: Mutex<Option<JoinHandle<()>>>,
 }
 
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Let the scheduler see that its client is gone and end now, not at its next wake-up.
+        self.wake.notify_one();
+    }
+}
+
 /// A lease registered for renewal; dropping it stops renewal.
 pub(crate) struct Registration {
     id: u64,
-    client: Weak<ClientInner>,
+    renewer: Weak<Shared>,
 }
 
 impl Registration {
     /// Stops renewal and returns what the renewer last saw go wrong.
     pub(crate) fn into_loss(self) -> LossReason {
         let last = self
-            .client
+            .renewer
             .upgrade()
-            .and_then(|client| client.renewer.last_problem(self.id));
+            .and_then(|renewer| renewer.last_problem(self.id));
         last.unwrap_or_else(|| LossReason::RenewalFailed("no renewal completed in time".into()))
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        if let Some(client) = self.client.upgrade() {
-            client.renewer.forget(self.id);
+        if let Some(renewer) = self.renewer.upgrade() {
+            renewer.forget(self.id);
         }
     }
 }
 
 impl Renewer {
+    /// A scheduler renewing through `conn`; its task starts with the first registration.
+    pub(crate) fn new(conn: Arc<Connection>) -> Self {
+        Renewer {
+            shared: Arc::new(Shared {
+                conn,
+                state: Mutex::new(State::default()),
+                wake: Arc::new(Notify::new()),
+                task: Mutex::new(None),
+            }),
+        }
+    }
+
     /// Starts renewing `renewal`; a loss is reported on `lost`.
     pub(crate) fn register(
-        client: &Arc<ClientInner>,
+        &self,
         renewal: Renewal,
         lost: oneshot::Sender<LossReason>,
     ) -> Registration {
-        let renewer = &client.renewer;
+        let renewer = &self.shared;
         let due = renewal.lease.acquired_at() + renewal.lease_duration / 3;
         let backoff = renewal_backoff(renewal.lease_duration);
         let (id, earliest) = {
@@ -126,16 +216,18 @@ impl Renewer {
             state.entries.insert(id, entry);
             (id, earliest)
         };
-        renewer.ensure_running(client);
+        Shared::ensure_running(renewer);
         if earliest {
             renewer.wake.notify_one();
         }
         Registration {
             id,
-            client: Arc::downgrade(client),
+            renewer: Arc::downgrade(renewer),
         }
     }
+}
 
+impl Shared {
     fn last_problem(&self, id: u64) -> Option<LossReason> {
         lock(&self.state)
             .entries
@@ -151,16 +243,16 @@ impl Renewer {
     }
 
     /// Spawns the scheduler task unless it is running.
-    fn ensure_running(&self, client: &Arc<ClientInner>) {
-        let mut task = lock(&self.task);
+    fn ensure_running(this: &Arc<Shared>) {
+        let mut task = lock(&this.task);
         if task.as_ref().is_some_and(|t| !t.is_finished()) {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let wake = Arc::clone(&self.wake);
-        *task = Some(runtime.spawn(schedule(Arc::downgrade(client), wake)));
+        let wake = Arc::clone(&this.wake);
+        *task = Some(runtime.spawn(schedule(Arc::downgrade(this), wake)));
     }
 
     /// Takes every entry due by `now` (plus the batching window) out of the queue, grouped into
@@ -205,7 +297,8 @@ impl Renewer {
     }
 
     /// Applies the outcome of one renewal attempt to entry `id`.
-    fn settle(&self, client: &ClientInner, id: u64, sent: Instant, outcome: Outcome) {
+    fn settle(&self, id: u64, sent: Instant, outcome: Outcome) {
+        let client = &self.conn;
         let mut state = lock(&self.state);
         let Some(entry) = state.entries.get_mut(&id) else {
             return;
@@ -278,20 +371,18 @@ fn renewal_backoff(lease: Duration) -> Backoff {
 /// The scheduler: sleeps until the earliest renewal is due (or a registration or finished
 /// attempt wakes it), then renews every due batch concurrently. Holds the client only while
 /// awake, and ends once the client is dropped.
-async fn schedule(client: Weak<ClientInner>, wake: Arc<Notify>) {
+async fn schedule(renewer: Weak<Shared>, wake: Arc<Notify>) {
     loop {
         let next = {
-            let Some(client) = client.upgrade() else {
+            let Some(renewer) = renewer.upgrade() else {
                 return;
             };
-            let by_slot = client.deployment == Deployment::Cluster;
-            for batch in client.renewer.take_due(Instant::now(), by_slot) {
-                let client = Arc::clone(&client);
-                tokio::spawn(async move { batch.renew(&client).await });
+            let by_slot = renewer.conn.deployment == Deployment::Cluster;
+            for batch in renewer.take_due(Instant::now(), by_slot) {
+                let renewer = Arc::clone(&renewer);
+                tokio::spawn(async move { batch.renew(&renewer).await });
             }
-            client
-                .renewer
-                .plan_sleep(Instant::now() + Duration::from_secs(60))
+            renewer.plan_sleep(Instant::now() + Duration::from_secs(60))
         };
         tokio::select! {
             () = tokio::time::sleep_until(next) => {}
@@ -320,7 +411,7 @@ struct BatchKey {
 impl BatchKey {
     fn of(renewal: &Renewal, by_slot: bool) -> Self {
         BatchKey {
-            slot: by_slot.then_some(renewal.keys.slot),
+            slot: by_slot.then_some(renewal.slot),
             replica_ack: renewal.replica_ack,
             lease: renewal.lease_duration,
             granted_by: renewal.granted_by.clone(),
@@ -343,7 +434,7 @@ struct Batch {
 impl Batch {
     fn new(renewal: &Renewal) -> Self {
         Batch {
-            slot: renewal.keys.slot,
+            slot: renewal.slot,
             replica_ack: renewal.replica_ack,
             lease: renewal.lease_duration,
             granted_by: renewal.granted_by.clone(),
@@ -356,7 +447,8 @@ impl Batch {
 
     fn add(&mut self, id: u64, renewal: &Renewal) {
         self.ids.push(id);
-        self.keys.push(renewal.keys.lock.clone());
+        self.keys.push(renewal.target.key.clone());
+        self.tokens.push(Value::from(renewal.target.kind.code()));
         self.tokens.push(Value::Bytes(renewal.token.clone()));
         let valid_until = renewal.lease.valid_until();
         self.deadline = Some(self.deadline.map_or(valid_until, |d| d.min(valid_until)));
@@ -378,7 +470,7 @@ impl Batch {
                 granted_by: self.granted_by.clone(),
                 ids: ids.drain(..take).collect(),
                 keys: keys.drain(..take).collect(),
-                tokens: tokens.drain(..take).collect(),
+                tokens: tokens.drain(..2 * take).collect(),
                 deadline: self.deadline,
             });
         }
@@ -386,16 +478,15 @@ impl Batch {
     }
 
     /// One renewal attempt for every lock in the batch.
-    async fn renew(self, client: &ClientInner) {
+    async fn renew(self, renewer: &Shared) {
         let sent = Instant::now();
         let deadline = self.deadline.unwrap_or(sent);
         let mut args = Vec::with_capacity(1 + self.tokens.len());
-        args.push(Value::Integer(
-            i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX),
-        ));
+        args.push(Value::Integer(millis(self.lease)));
         args.extend(self.tokens);
-        let call = client.scripts.renew_many.call(self.slot, self.keys, args);
-        let result = client
+        let call = RENEW.call(self.slot, self.keys, args);
+        let result = renewer
+            .conn
             .run(&call, self.replica_ack, deadline, self.granted_by.as_ref())
             .await;
         let outcomes: Vec<Outcome> = match result {
@@ -469,7 +560,7 @@ impl Batch {
             }
         };
         for (id, outcome) in self.ids.iter().zip(outcomes) {
-            client.renewer.settle(client, *id, sent, outcome);
+            renewer.settle(*id, sent, outcome);
         }
     }
 }

@@ -1,5 +1,6 @@
-//! The Lua scripts behind acquire, renew and release, and how they are sent.
+//! How lock scripts are sent, and the reply shapes every primitive's scripts share.
 //!
+//! Each primitive states its own Lua scripts (as `static` [`Script`]s, hashed once per process).
 //! Every script touches only keys of one lock (one hash slot) and is sent as `EVALSHA`, falling
 //! back to `EVAL` when the server answers `NOSCRIPT` (after a restart, failover or
 //! `SCRIPT FLUSH`). Commands are built with [`fred::types::CustomCommand`] routed by
@@ -19,7 +20,8 @@ pub(crate) struct Script {
 }
 
 impl Script {
-    fn new(source: &'static str) -> Self {
+    /// A script from its source; its SHA-1 is computed here, once.
+    pub(crate) fn new(source: &'static str) -> Self {
         Script {
             source: Value::from(source),
             sha: Value::from(fred::util::sha1_hash(source)),
@@ -68,61 +70,6 @@ impl ScriptCall<'_> {
         all.extend(self.args.iter().cloned());
         let route = CustomCommand::new_static(name, ClusterHash::Custom(self.slot), false);
         (route, all)
-    }
-}
-
-/// Acquire: `SET NX PX` and, when granted, `INCR` the fencing counter, in one step.
-///
-/// Replies `{1, fence}` when granted (also when the key already holds this token, so a retry
-/// after an unknown outcome is safe), or `{0, pttl}` when another owner holds it.
-const ACQUIRE: &str = r"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, redis.call('INCR', KEYS[2])}
-end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
-end
-return {0, redis.call('PTTL', KEYS[1])}
-";
-
-/// Renew many locks of one slot at once: `ARGV[1]` is the lease in ms, `ARGV[i + 1]` the token
-/// of `KEYS[i]`. Replies one 1 (renewed) or 0 (no longer ours) per key.
-const RENEW_MANY: &str = r"
-local renewed = {}
-for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) == ARGV[i + 1] then
-    renewed[i] = redis.call('PEXPIRE', KEYS[i], ARGV[1])
-  else
-    renewed[i] = 0
-  end
-end
-return renewed
-";
-
-/// Release: `DEL` only while the key still holds this token. Replies 1 or 0.
-const RELEASE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-";
-
-/// The lock scripts, hashed once per client.
-#[derive(Debug)]
-pub(crate) struct Scripts {
-    pub(crate) acquire: Script,
-    pub(crate) renew_many: Script,
-    pub(crate) release: Script,
-}
-
-impl Scripts {
-    pub(crate) fn new() -> Self {
-        Scripts {
-            acquire: Script::new(ACQUIRE),
-            renew_many: Script::new(RENEW_MANY),
-            release: Script::new(RELEASE),
-        }
     }
 }
 
@@ -197,8 +144,8 @@ mod tests {
     #[test]
     fn commands_route_by_slot() {
         let keys = LockKeys::new("ns", b"k");
-        let scripts = Scripts::new();
-        let (cmd, args) = scripts.acquire.on_lock(&keys, vec![]).command(false);
+        let script = Script::new("return 1");
+        let (cmd, args) = script.on_lock(&keys, vec![]).command(false);
         assert_eq!(cmd.cluster_hash, ClusterHash::Custom(keys.slot));
         assert_eq!(args.len(), 4);
     }

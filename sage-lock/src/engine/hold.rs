@@ -1,0 +1,206 @@
+//! Holding: the body runs under renewal, raced against loss of the hold; then release.
+
+use std::sync::Arc;
+
+use fred::bytes::Bytes;
+use fred::types::config::Server;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tracing::Instrument as _;
+
+use super::{Engine, RELEASE_TIMEOUT, Rules};
+use crate::error::{LockError, LossReason};
+use crate::key::LockKeys;
+use crate::lease::{Lease, scope};
+use crate::observe::{Event, Metrics};
+use crate::options::LockSettings;
+use crate::renewal::{Registration, Renewal};
+use crate::scripts::parse_flag;
+
+/// Runs `body` while `held` lasts: renewed in the background, cancelled on loss, released after.
+pub(crate) async fn hold<F: Future>(
+    mut held: Held,
+    settings: &LockSettings,
+    body: F,
+    span: tracing::Span,
+) -> Result<F::Output, LockError> {
+    let (lost_tx, lost_rx) = oneshot::channel();
+    let renewal = Renewal {
+        slot: held.keys.slot,
+        target: held.rules.renew_target(&held.keys),
+        token: held.token.clone(),
+        lease_duration: settings.lease,
+        replica_ack: settings.replica_acknowledgement,
+        lease: held.lease.clone(),
+        granted_by: held.granted_by.clone(),
+        metrics: Arc::clone(&settings.metrics),
+    };
+    held.renewal = Some(held.engine.renewer.register(renewal, lost_tx));
+    let body = scope(held.lease.clone(), body);
+    tokio::select! {
+        biased;
+        reason = lost_rx => {
+            let reason = reason.unwrap_or(LossReason::RenewalFailed("renewal task ended".into()));
+            Err(Box::pin(held.lost(reason)).instrument(span).await)
+        }
+        () = lease_ran_out(&held.lease) => {
+            // The renewer did not report in time (its task starved or gone): never let the body
+            // run past the usable lease.
+            let reason = held.renewal.take().map_or_else(
+                || LossReason::RenewalFailed("no renewal completed in time".into()),
+                Registration::into_loss,
+            );
+            Err(Box::pin(held.lost(reason)).instrument(span).await)
+        }
+        output = body => {
+            Box::pin(held.release()).instrument(span).await;
+            Ok(output)
+        }
+    }
+}
+
+/// Resolves once the usable lease has run out without being extended: the safety net behind the
+/// renewer's own loss report. Fires a drift margin after the lease's end (still before the
+/// server-side expiry) so the renewer, which gives up at the end, normally reports first.
+async fn lease_ran_out(lease: &Lease) {
+    loop {
+        let valid_until = lease.valid_until();
+        tokio::time::sleep_until(valid_until + lease.margin() / 2).await;
+        if lease.valid_until() <= valid_until {
+            return;
+        }
+    }
+}
+
+/// A hold this call may have. Dropped without [`Held::release`] or [`Held::lost`] (the call was
+/// cancelled), it stops renewal and releases in the background.
+pub(crate) struct Held {
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) rules: Arc<dyn Rules>,
+    pub(crate) keys: Arc<LockKeys>,
+    pub(crate) namespace: Arc<str>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) token: Bytes,
+    pub(crate) lease: Lease,
+    /// Renewal of the held lease; dropping it stops renewal.
+    pub(crate) renewal: Option<Registration>,
+    /// Whether the server may hold this token (a release is owed).
+    pub(crate) armed: bool,
+    /// The primary that granted the hold, when the deployment is replicated.
+    pub(crate) granted_by: Option<Server>,
+}
+
+impl Held {
+    /// Releases the hold, taking at most [`RELEASE_TIMEOUT`].
+    pub(crate) async fn release(mut self) {
+        self.stop_renewal();
+        // Stay armed until done: dropped mid-release, the release finishes in the background.
+        release_now(
+            &self.engine,
+            &*self.rules,
+            &self.keys,
+            &self.token,
+            &self.metrics,
+        )
+        .await;
+        self.armed = false;
+        self.metrics.held(self.lease.held_for());
+        tracing::debug!(held = ?self.lease.held_for(), "lock released");
+    }
+
+    /// Gives up an acquisition: an attempt whose reply was lost may still have been granted, so
+    /// remove the hold if it is ours (bounded by [`RELEASE_TIMEOUT`]).
+    pub(crate) async fn abandon(mut self) {
+        release_now(
+            &self.engine,
+            &*self.rules,
+            &self.keys,
+            &self.token,
+            &self.metrics,
+        )
+        .await;
+        self.armed = false;
+    }
+
+    /// Records a loss, makes a best-effort release, and builds the error.
+    pub(crate) async fn lost(mut self, reason: LossReason) -> LockError {
+        self.stop_renewal();
+        let conn = &self.engine.conn;
+        conn.stats.record(&self.metrics, Event::Loss);
+        if conn.deployment.is_replicated() {
+            // Likely a failover: idle dedicated connections may point at the old primary.
+            conn.pool.discard_idle();
+        }
+        self.metrics.held(self.lease.held_for());
+        tracing::warn!(reason = %reason, held = ?self.lease.held_for(), "lock lost; body cancelled");
+        if reason != LossReason::NotOwner {
+            release_now(
+                &self.engine,
+                &*self.rules,
+                &self.keys,
+                &self.token,
+                &self.metrics,
+            )
+            .await;
+        }
+        self.armed = false;
+        LockError::LockLost {
+            key: self.keys.display.to_string(),
+            namespace: self.namespace.to_string(),
+            held: self.lease.held_for(),
+            reason,
+        }
+    }
+
+    fn stop_renewal(&mut self) {
+        self.renewal = None;
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.stop_renewal();
+        if self.armed {
+            release_in_background(self);
+        }
+    }
+}
+
+/// Removes `token`'s hold, bounded by [`RELEASE_TIMEOUT`]; failures are logged (the lease
+/// expires). Wakes this process's waiters for the key.
+async fn release_now(
+    engine: &Engine,
+    rules: &dyn Rules,
+    keys: &LockKeys,
+    token: &Bytes,
+    metrics: &Metrics,
+) {
+    let call = rules.release_call(keys, token);
+    let outcome = engine
+        .conn
+        .run_plain(&call, Instant::now() + RELEASE_TIMEOUT)
+        .await
+        .and_then(|reply| Ok(parse_flag(&reply)?));
+    engine.waiters.wake_one(&keys.lock);
+    match outcome {
+        Ok(true) => engine.conn.stats.record(metrics, Event::Release),
+        Ok(false) => tracing::debug!("release found the lock no longer ours"),
+        Err(error) => tracing::warn!(?error, "release failed; the lock expires with its lease"),
+    }
+}
+
+fn release_in_background(held: &Held) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let (engine, rules, keys, token, metrics) = (
+        Arc::clone(&held.engine),
+        Arc::clone(&held.rules),
+        Arc::clone(&held.keys),
+        held.token.clone(),
+        Arc::clone(&held.metrics),
+    );
+    runtime.spawn(async move {
+        release_now(&engine, &*rules, &keys, &token, &metrics).await;
+    });
+}

@@ -1,0 +1,90 @@
+//! The lease engine every primitive shares: acquire (waiting with a deadline, retries, replica
+//! acknowledgement) → hold (renewal, watchdog, loss) → release.
+//!
+//! A primitive states what its scripts do through [`Rules`]; the engine owns the rest: tokens,
+//! deadlines, backoff, lease arithmetic, renewal, loss detection, cancellation safety, tracing and
+//! metrics. It sits on [`Connection`] (connection state) and below the primitives and the public
+//! [`LockClient`](crate::LockClient) façade.
+
+mod acquire;
+mod hold;
+mod waiters;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::bytes::Bytes;
+use tracing::Instrument as _;
+
+use crate::connection::Connection;
+use crate::error::LockError;
+use crate::key::LockKeys;
+use crate::options::LockSettings;
+use crate::renewal::{RenewTarget, Renewer};
+use crate::scripts::ScriptCall;
+
+pub(crate) use acquire::{Mode, acquire};
+pub(crate) use hold::{Held, hold};
+pub(crate) use waiters::Waiters;
+
+/// How long [`Locks::try_with_lock`](crate::Locks::try_with_lock) retries transient failures at
+/// most (see [`Locks::with_lock`](crate::Locks::with_lock)'s example).
+pub const TRY_LOCK_RETRY_WINDOW: Duration = Duration::from_secs(1);
+/// How long releasing may take before [`Locks::with_lock`](crate::Locks::with_lock) returns
+/// anyway (see its example).
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What one primitive's scripts do. Every call touches the keys of one lock only (one slot).
+///
+/// The acquire script replies `{1, fencing_token}` when granted (also when the key already holds
+/// this token, so a retry after an unknown outcome is safe) or `{0, pttl_ms}` when busy; the
+/// release script replies 1 when it removed this token's hold, else 0.
+pub(crate) trait Rules: Send + Sync + fmt::Debug {
+    /// One acquisition attempt by `token` for `lease`.
+    fn acquire_call(&self, keys: &LockKeys, token: &Bytes, lease: Duration) -> ScriptCall<'static>;
+    /// Gives up `token`'s hold, if it still has one.
+    fn release_call(&self, keys: &LockKeys, token: &Bytes) -> ScriptCall<'static>;
+    /// Where `token`'s hold lives, for the batched renewal.
+    fn renew_target(&self, keys: &LockKeys) -> RenewTarget;
+}
+
+/// One client's engine: its connection state, its renewal scheduler, its local waiters.
+pub(crate) struct Engine {
+    pub(crate) conn: Arc<Connection>,
+    pub(crate) renewer: Renewer,
+    pub(crate) waiters: Waiters,
+}
+
+impl Engine {
+    pub(crate) fn new(conn: Connection) -> Self {
+        let conn = Arc::new(conn);
+        Engine {
+            renewer: Renewer::new(Arc::clone(&conn)),
+            conn,
+            waiters: Waiters::default(),
+        }
+    }
+}
+
+/// Acquires per `mode`, runs `body` while the hold lasts, releases: `Ok(None)` only in
+/// [`Mode::Try`] when busy. The body is dropped (cancelled) when the hold is lost.
+pub(crate) async fn run<F: Future>(
+    engine: Arc<Engine>,
+    rules: Arc<dyn Rules>,
+    settings: Arc<LockSettings>,
+    keys: Arc<LockKeys>,
+    mode: Mode,
+    body: F,
+) -> Result<Option<F::Output>, LockError> {
+    let span =
+        tracing::debug_span!("sage_lock", key = %keys.display, namespace = %settings.namespace);
+    let acquired = Box::pin(acquire(&engine, &rules, &settings, &keys, mode))
+        .instrument(span.clone())
+        .await?;
+    let Some(held) = acquired else {
+        return Ok(None);
+    };
+    // Boxed, so the caller's future stays small whatever the body.
+    Box::pin(hold(held, &settings, body, span)).await.map(Some)
+}

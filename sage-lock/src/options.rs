@@ -1,0 +1,204 @@
+//! [`LockOptions`] (what a caller asks for), the service-wide [`ServiceDefaults`] that fill in
+//! what it leaves unset, and the resolved, validated [`LockSettings`] of one family.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use crate::error::LockError;
+use crate::observe::Metrics;
+
+/// The shortest lease accepted by [`LockOptions::lease`] (see [`LockOptions`]'s example).
+pub const MIN_LEASE: Duration = Duration::from_millis(30);
+
+static DEFAULTS: OnceLock<ServiceDefaults> = OnceLock::new();
+static BUILT_IN: OnceLock<ServiceDefaults> = OnceLock::new();
+
+/// Options of a lock family. Unset options take the service-wide defaults
+/// ([`crate::global::set_defaults`]), which default to a 30 s lease, namespace `lock` and replica
+/// acknowledgement on.
+///
+/// ```
+/// use std::time::Duration;
+/// use sage_lock::LockOptions;
+///
+/// let options = LockOptions::new()
+///     .lease(Duration::from_secs(10))
+///     .namespace("account-updates")
+///     .replica_acknowledgement(false);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct LockOptions {
+    lease: Option<Duration>,
+    namespace: Option<String>,
+    replica_acknowledgement: Option<bool>,
+}
+
+impl LockOptions {
+    /// Options with nothing set.
+    #[must_use]
+    pub fn new() -> Self {
+        LockOptions::default()
+    }
+
+    /// How long a lock stays valid without renewal (at least 30 ms). Renewal keeps it alive while
+    /// the body runs; after a crash, others wait up to this long.
+    #[must_use]
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// The namespace: locks in different namespaces never conflict. Must not be empty.
+    #[must_use]
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// Whether replicated deployments wait for replicas to acknowledge acquisition and renewal
+    /// (`WAIT`). Off favours availability over failover safety. Ignored on standalone servers.
+    #[must_use]
+    pub fn replica_acknowledgement(mut self, on: bool) -> Self {
+        self.replica_acknowledgement = Some(on);
+        self
+    }
+
+    pub(crate) fn resolve(self) -> LockSettings {
+        let defaults = defaults();
+        let namespace: Arc<str> = self
+            .namespace
+            .map_or_else(|| Arc::from(defaults.namespace.as_str()), Arc::from);
+        LockSettings {
+            lease: self.lease.unwrap_or(defaults.lease),
+            metrics: Arc::new(Metrics::new(&namespace)),
+            namespace,
+            replica_acknowledgement: self
+                .replica_acknowledgement
+                .unwrap_or(defaults.replica_acknowledgement),
+        }
+    }
+}
+
+/// Resolved, validated options of one lock family.
+#[derive(Debug, Clone)]
+pub(crate) struct LockSettings {
+    pub(crate) lease: Duration,
+    pub(crate) namespace: Arc<str>,
+    pub(crate) replica_acknowledgement: bool,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+impl LockSettings {
+    pub(crate) fn validate(&self) -> Result<(), LockError> {
+        validate_lease(self.lease)?;
+        validate_namespace(&self.namespace)
+    }
+}
+
+pub(crate) fn validate_lease(lease: Duration) -> Result<(), LockError> {
+    if lease < MIN_LEASE {
+        return Err(LockError::invalid(
+            "lease",
+            format!(
+                "must be at least 30ms, got {lease:?}; choose one comfortably longer than network latency and process pauses, e.g. Duration::from_secs(10)"
+            ),
+        ));
+    }
+    if lease > Duration::from_secs(60 * 60 * 24 * 365) {
+        return Err(LockError::invalid(
+            "lease",
+            format!("must be at most one year, got {lease:?}"),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn validate_namespace(namespace: &str) -> Result<(), LockError> {
+    if namespace.is_empty() {
+        return Err(LockError::invalid(
+            "namespace",
+            "must not be empty; use a name per kind of resource, e.g. \"account-updates\" (the default is \"lock\")",
+        ));
+    }
+    Ok(())
+}
+
+/// Service-wide lock defaults: used wherever a lock family or `#[locked]` leaves one unset.
+/// Installed with [`set_defaults`] (see the [module example](crate::global)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServiceDefaults {
+    /// Default lease (built-in: 30 s).
+    pub lease: Duration,
+    /// Default namespace (built-in: `lock`).
+    pub namespace: String,
+    /// Default replica acknowledgement (built-in: on).
+    pub replica_acknowledgement: bool,
+}
+
+impl Default for ServiceDefaults {
+    fn default() -> Self {
+        ServiceDefaults {
+            lease: Duration::from_secs(30),
+            namespace: "lock".to_owned(),
+            replica_acknowledgement: true,
+        }
+    }
+}
+
+impl ServiceDefaults {
+    /// The built-in defaults.
+    #[must_use]
+    pub fn new() -> Self {
+        ServiceDefaults::default()
+    }
+
+    /// Sets the default lease.
+    #[must_use]
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets the default namespace.
+    #[must_use]
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Sets the default replica acknowledgement.
+    #[must_use]
+    pub fn replica_acknowledgement(mut self, on: bool) -> Self {
+        self.replica_acknowledgement = on;
+        self
+    }
+}
+
+/// Sets the service-wide defaults, once. Lock families created earlier keep what they resolved.
+/// See the [module example](crate::global).
+///
+/// # Errors
+/// [`LockError::InvalidArgument`] for a lease below 30 ms, an empty namespace, or a second call.
+pub fn set_defaults(defaults: ServiceDefaults) -> Result<(), LockError> {
+    validate_lease(defaults.lease)?;
+    validate_namespace(&defaults.namespace)?;
+    DEFAULTS.set(defaults).map_err(|_| {
+        LockError::invalid(
+            "defaults",
+            "service defaults were already set; set them once, at start-up",
+        )
+    })
+}
+
+/// The service-wide defaults in effect.
+///
+/// ```
+/// assert_eq!(sage_lock::global::defaults().namespace, "lock"); // nothing set: built-in
+/// ```
+#[must_use]
+pub fn defaults() -> &'static ServiceDefaults {
+    DEFAULTS
+        .get()
+        .unwrap_or_else(|| BUILT_IN.get_or_init(ServiceDefaults::default))
+}

@@ -1,0 +1,99 @@
+//! Server URLs: which schemes are accepted, clear errors for bad ones, passwords kept out of
+//! every message.
+
+use fred::types::config::Config;
+
+use crate::error::LockError;
+use crate::topology::Deployment;
+
+/// URL schemes fred understands; anything else is rejected before fred guesses.
+const SCHEMES: [&str; 9] = [
+    "redis",
+    "rediss",
+    "valkey",
+    "valkeys",
+    "redis-cluster",
+    "rediss-cluster",
+    "redis-sentinel",
+    "rediss-sentinel",
+    "redis+unix",
+];
+
+pub(crate) fn parse_url(url: &str) -> Result<Config, LockError> {
+    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+    if !scheme.is_some_and(|scheme| SCHEMES.contains(&scheme.to_ascii_lowercase().as_str())) {
+        return Err(LockError::invalid(
+            "url",
+            format!(
+                "{} has no supported scheme; expected redis://host:port[/db] (or valkey://, \
+                 rediss:// for TLS), redis-sentinel://host:port?sentinelServiceName=NAME or \
+                 redis-cluster://host:port?node=host2:port2",
+                redact(url)
+            ),
+        ));
+    }
+    Config::from_url(url).map_err(|error| {
+        LockError::invalid(
+            "url",
+            format!(
+                "{} is not a valid server URL ({}); expected redis://host:port[/db], \
+                 redis-sentinel://host:port?sentinelServiceName=NAME or \
+                 redis-cluster://host:port?node=host2:port2",
+                redact(url),
+                error.details()
+            ),
+        )
+    })
+}
+
+/// The URL with any password replaced by `***`.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***{}", &url[..scheme], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+pub(crate) fn describe(config: &Config) -> String {
+    let hosts: Vec<String> = config
+        .server
+        .hosts()
+        .iter()
+        .map(|s| format!("{}:{}", s.host, s.port))
+        .collect();
+    format!("{} ({:?})", hosts.join(","), Deployment::of(&config.server))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_urls_are_invalid_arguments_without_passwords() {
+        let Err(err) = parse_url("http://user:secret@host:1") else {
+            panic!("accepted an http URL")
+        };
+        let text = err.to_string();
+        assert!(
+            text.contains("url") && text.contains("redis://host:port"),
+            "{text}"
+        );
+        assert!(!text.contains("secret"), "{text}");
+    }
+
+    #[test]
+    fn deployment_comes_from_the_url() {
+        let cluster = parse_url("redis-cluster://127.0.0.1:7000?node=127.0.0.1:7001");
+        assert_eq!(
+            cluster.ok().map(|c| Deployment::of(&c.server)),
+            Some(Deployment::Cluster)
+        );
+        let plain = parse_url("valkey://127.0.0.1:6379");
+        assert_eq!(
+            plain.ok().map(|c| Deployment::of(&c.server)),
+            Some(Deployment::Standalone)
+        );
+    }
+}
