@@ -68,6 +68,8 @@ pub(crate) struct Args {
     pub(crate) wait: Option<DurationArg>,
     pub(crate) lease: Option<DurationArg>,
     pub(crate) namespace: Option<LitStr>,
+    /// `profile = "name"`: settings from the named profile, at run time.
+    pub(crate) profile: Option<LitStr>,
     pub(crate) replica_ack: Option<(bool, Span)>,
     pub(crate) try_lock: bool,
     pub(crate) client: Option<Expr>,
@@ -75,8 +77,9 @@ pub(crate) struct Args {
 }
 
 /// The argument names, for "did you mean" hints.
-const NAMES: [&str; 8] = [
+const NAMES: [&str; 9] = [
     "key",
+    "profile",
     "wait",
     "lease",
     "namespace",
@@ -106,6 +109,7 @@ fn alias(name: &str) -> Option<&'static str> {
         | "nonblocking" => "try_lock",
         "locks" | "lock_client" | "conn" | "connection" | "redis" => "client",
         "keys" | "name" | "resource" | "template" => "key",
+        "config" | "settings" | "preset" | "profile_name" | "profiles" => "profile",
         _ => return None,
     })
 }
@@ -162,8 +166,8 @@ impl Parse for RawArg {
         let name = Ident::parse_any(input).map_err(|error| {
             syn::Error::new(
                 error.span(),
-                "expected an argument name: `key`, `wait`, `lease`, `namespace`, `replica_ack`, \
-                 `try_lock` or `client`",
+                "expected an argument name: `key`, `profile`, `wait`, `lease`, `namespace`, \
+                 `replica_ack`, `try_lock` or `client`",
             )
         })?;
         if input.is_empty() || input.peek(Token![,]) {
@@ -250,6 +254,7 @@ pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
                 }
             }
             "namespace" => args.namespace = namespace_arg(span, arg.value, errors),
+            "profile" => args.profile = profile_arg(span, arg.value, errors),
             "replica_ack" => args.replica_ack = flag_arg(&name, span, arg.value, errors),
             "try_lock" => {
                 // An invalid value still shows the intent not to wait: no "missing `wait`".
@@ -290,7 +295,11 @@ pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
             "`wait` cannot be combined with `try_lock`, which does not wait: remove `wait`, \
              or remove `try_lock` to wait up to that long",
         ),
-        (None, flag) if !flag.is_some_and(|(on, _)| on) && !seen.iter().any(|n| n == "wait") => {
+        // With a profile, the wait may come from the profile (checked at run time).
+        (None, flag)
+            if !flag.is_some_and(|(on, _)| on)
+                && !seen.iter().any(|n| n == "wait" || n == "profile") =>
+        {
             errors.at(
                 Span::call_site(),
                 "`#[locked]` needs `wait = \"...\"`, how long to wait for a busy lock \
@@ -304,8 +313,8 @@ pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
 
 fn unknown_argument(name: &str) -> String {
     let suggestion = alias(name).or_else(|| closest(name, &NAMES));
-    let known = "the arguments are `key`, `wait`, `lease`, `namespace`, `replica_ack`, \
-                 `try_lock` and `client`";
+    let known = "the arguments are `key`, `profile`, `wait`, `lease`, `namespace`, \
+                 `replica_ack`, `try_lock` and `client`";
     match suggestion {
         Some(good) => format!("unknown argument `{name}`: did you mean `{good}`? ({known})"),
         None => format!("unknown argument `{name}`: {known}"),
@@ -421,6 +430,55 @@ fn namespace_arg(span: Span, value: Option<Expr>, errors: &mut Errors) -> Option
     }
 }
 
+fn profile_arg(span: Span, value: Option<Expr>, errors: &mut Errors) -> Option<LitStr> {
+    let Some(value) = value else {
+        errors.at(
+            span,
+            "`profile` needs a value: write `profile = \"account-updates\"`, the name of a profile \
+             installed with `sage_lock::global::set_profiles`",
+        );
+        return None;
+    };
+    match as_lit(&value) {
+        Some(Lit::Str(text)) if text.value().is_empty() => {
+            errors.at(
+                text.span(),
+                "`profile` cannot be empty: name a profile such as \"account-updates\", or remove \
+                 the argument",
+            );
+            None
+        }
+        Some(Lit::Str(text)) => {
+            let name = text.value();
+            if let Some(bad) = name
+                .chars()
+                .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+            {
+                errors.at(
+                    text.span(),
+                    format!(
+                        "profile name {name:?} contains {bad:?}: use ASCII letters, digits, `-`, \
+                         `_` and `.`, so that it maps to environment variables \
+                         (SAGE_LOCK_PROFILE_<NAME>_LEASE, ...)"
+                    ),
+                );
+                return None;
+            }
+            Some(text.clone())
+        }
+        _ => {
+            errors.spanned(
+                &value,
+                "`profile` must be a string literal, e.g. `profile = \"account-updates\"`, so that \
+                 `sage_lock::global::check_profiles()` can list it at start-up; for a profile \
+                 chosen at run time, call `Locks::with_lock` with \
+                 `sage_lock::global::profile(name)?.options()`",
+            );
+            None
+        }
+    }
+}
+
 fn flag_arg(
     name: &str,
     span: Span,
@@ -526,6 +584,19 @@ mod tests {
         assert!(all[0].contains("cannot be empty"), "{all:?}");
         let all = messages(quote!(wait = "1s"));
         assert!(all[0].contains("needs a `key`"), "{all:?}");
+        let all = messages(quote!(key = id, profile = ""));
+        assert!(all[0].contains("cannot be empty"), "{all:?}");
+        let all = messages(quote!(key = id, profile = "a b"));
+        assert!(all[0].contains("maps to environment variables"), "{all:?}");
+        let all = messages(quote!(key = id, profile = name));
+        assert!(all[0].contains("string literal"), "{all:?}");
+        let all = messages(quote!(key = id, profile));
+        assert!(all[0].contains("needs a value"), "{all:?}");
+        let all = messages(quote!(key = id, profile = "p", wait = "2s", try_lock));
+        assert!(all[0].contains("cannot be combined"), "{all:?}");
+        let all = messages(quote!(key = id, settings = "p"));
+        assert!(all[0].contains("did you mean `profile`?"), "{all:?}");
+        assert!(messages(quote!(key = id, profile = "account-updates.v2")).is_empty());
         let all = messages(quote!(key "x"));
         assert!(all[0].contains("expected `=`"), "{all:?}");
     }

@@ -1,5 +1,9 @@
-//! Duration literals: `"150ms"`, `"2s"`, `"1m"`, `"1h"` and combinations such as `"1m30s"`,
-//! parsed and validated when the macro expands.
+//! Duration text: `"150ms"`, `"2s"`, `"1m"`, `"1h"` and combinations such as `"1m30s"`.
+//!
+//! One grammar for `#[locked]` (checked when the macro expands) and for settings read at run time
+//! (profiles, environment variables). A proc-macro crate cannot share run-time code with the
+//! crate that re-exports it, so this file exists twice, identical: `sage-lock-macros/src/
+//! duration.rs` and `sage-lock/src/duration.rs`; the test `duration_grammar` keeps them equal.
 
 use std::fmt;
 

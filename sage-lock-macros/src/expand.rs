@@ -384,7 +384,13 @@ fn edge(args: &Args, ret_span: Span) -> TokenStream {
     }
 }
 
-fn generated(args: &Args, key: &TokenStream, ret: &Type, ret_span: Span) -> Generated {
+fn generated(
+    args: &Args,
+    key: &TokenStream,
+    ret: &Type,
+    ret_span: Span,
+    function_name: &syn::Ident,
+) -> Generated {
     let krate = krate(args);
     let key_local = format_ident!("sage_lock_key", span = Span::mixed_site());
     let client_local = format_ident!("sage_lock_client", span = Span::mixed_site());
@@ -399,18 +405,31 @@ fn generated(args: &Args, key: &TokenStream, ret: &Type, ret_span: Span) -> Gene
         None => quote!(::core::option::Option::None),
     };
 
-    let mut options = quote!(#krate::__private::LockOptions::new());
+    // The options the attribute sets, as setter calls: on `LockOptions::new()`, or with a
+    // profile on the profile's options (so the attribute's arguments override the profile).
+    let mut setters = TokenStream::new();
     if let Some(lease) = &args.lease {
         let millis = lease.millis;
-        options.extend(quote!(.lease(::core::time::Duration::from_millis(#millis))));
+        setters.extend(quote!(.lease(::core::time::Duration::from_millis(#millis))));
     }
     if let Some(namespace) = &args.namespace {
-        options.extend(quote!(.namespace(#namespace)));
+        setters.extend(quote!(.namespace(#namespace)));
     }
     if let Some((on, span)) = args.replica_ack {
         let on = syn::LitBool::new(on, span);
-        options.extend(quote!(.replica_acknowledgement(#on)));
+        setters.extend(quote!(.replica_acknowledgement(#on)));
     }
+    if let Some(profile) = &args.profile {
+        return generated_with_profile(
+            args,
+            profile,
+            &setters,
+            (&key_local, &client_local, &client, key),
+            (ret, ret_span),
+            function_name,
+        );
+    }
+    let options = quote!(#krate::__private::LockOptions::new() #setters);
 
     let shape_statement = shape_statement(args, ret, ret_span);
     let locals = quote! {
@@ -429,6 +448,63 @@ fn generated(args: &Args, key: &TokenStream, ret: &Type, ret_span: Span) -> Gene
             quote!(#krate::__private::with_lock),
             quote!(#shape, #client_local, #key_local, #options,
                 ::core::time::Duration::from_millis(#millis),),
+        )
+    };
+    Generated {
+        locals,
+        function,
+        arguments,
+        edge: edge(args, ret_span),
+    }
+}
+
+/// [`generated`] for `profile = "..."`: registers the profile for `check_profiles` (at link
+/// time, through `inventory`), then calls the `*_profile_lock` entry points with the setters as
+/// a closure over the profile's options, and the attribute's wait if any.
+fn generated_with_profile(
+    args: &Args,
+    profile: &syn::LitStr,
+    setters: &TokenStream,
+    (key_local, client_local, client, key): (&syn::Ident, &syn::Ident, &TokenStream, &TokenStream),
+    (ret, ret_span): (&Type, Span),
+    function_name: &syn::Ident,
+) -> Generated {
+    let krate = krate(args);
+    let shape = shape_local();
+    let options_local = format_ident!("sage_lock_options", span = Span::mixed_site());
+    let function_name = syn::LitStr::new(
+        &syn::ext::IdentExt::unraw(function_name).to_string(),
+        function_name.span(),
+    );
+    let shape_statement = shape_statement(args, ret, ret_span);
+    let locals = quote! {
+        #krate::__private::inventory::submit! {
+            #krate::__private::ProfileUse::new(
+                #profile, #function_name, ::core::file!(), ::core::line!()
+            )
+        }
+        let #key_local: ::std::vec::Vec<u8> = #key;
+        let #client_local: ::core::option::Option<#krate::__private::LockClient> = #client;
+        #shape_statement
+    };
+    let overrides =
+        quote!(|#options_local: #krate::__private::LockOptions| #options_local #setters);
+    let (function, arguments) = if args.try_lock {
+        (
+            quote!(#krate::__private::try_with_profile_lock),
+            quote!(#shape, #client_local, #key_local, #profile, #overrides,),
+        )
+    } else {
+        let wait = match &args.wait {
+            Some(wait) => {
+                let millis = wait.millis;
+                quote!(::core::option::Option::Some(::core::time::Duration::from_millis(#millis)))
+            }
+            None => quote!(::core::option::Option::None),
+        };
+        (
+            quote!(#krate::__private::with_profile_lock),
+            quote!(#shape, #client_local, #key_local, #profile, #overrides, #wait,),
         )
     };
     Generated {
@@ -492,6 +568,7 @@ fn declared_return(func: &ItemFn) -> (Type, Span) {
 }
 
 fn generate(args: &Args, mut func: ItemFn, shape: &Shape, key: &TokenStream) -> TokenStream {
+    let name = func.sig.ident.clone();
     match shape {
         Shape::Async { ret, ret_span } => {
             let Generated {
@@ -499,7 +576,7 @@ fn generate(args: &Args, mut func: ItemFn, shape: &Shape, key: &TokenStream) -> 
                 function,
                 arguments,
                 edge,
-            } = generated(args, key, ret, *ret_span);
+            } = generated(args, key, ret, *ret_span, &name);
             // The body's statements go straight into the async block: wrapped in their own
             // braces, a one-expression body would trip `unused_braces`.
             let stmts = &func.block.stmts;
@@ -518,7 +595,7 @@ fn generate(args: &Args, mut func: ItemFn, shape: &Shape, key: &TokenStream) -> 
                 function,
                 arguments,
                 edge: _,
-            } = generated(args, key, ret, *ret_span);
+            } = generated(args, key, ret, *ret_span, &name);
             let krate = krate(args);
             if let Some(async_block) = async_trait_body_mut(&mut func) {
                 if args.try_lock {

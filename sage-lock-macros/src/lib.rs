@@ -38,7 +38,8 @@ use proc_macro::TokenStream;
 /// | argument | value | default |
 /// |---|---|---|
 /// | `key` | a template such as `"account:{id}"`, or any expression whose value is a `KeyCodec` | required |
-/// | `wait` | how long to wait for a busy lock: `"150ms"`, `"2s"`, `"1m"`, `"1h"`, `"1m30s"` | required unless `try_lock` |
+/// | `profile` | name of a profile installed with `sage_lock::global::set_profiles`: its settings apply where the attribute gives none | none |
+/// | `wait` | how long to wait for a busy lock: `"150ms"`, `"2s"`, `"1m"`, `"1h"`, `"1m30s"` | required unless `try_lock` or `profile` |
 /// | `try_lock` | flag (or `= true` / `= false`): do not wait; `Ok(None)` when the lock is busy | off |
 /// | `lease` | lease duration, at least `"30ms"`; renewed automatically | service default (30s) |
 /// | `namespace` | non-empty string | service default (`"lock"`) |
@@ -47,6 +48,26 @@ use proc_macro::TokenStream;
 /// | `crate` | path to the sage-lock crate, for re-exports | `::sage_lock` |
 ///
 /// Arguments may come in any order. Durations are checked when the macro expands.
+///
+/// # Profiles
+///
+/// `#[locked(profile = "account-updates", key = "account:{id}")]` takes its lease, wait,
+/// namespace and replica acknowledgement from the named profile when the function is called
+/// (configured by the service, with environment overrides; see `sage_lock::Profiles`); an
+/// argument written in the attribute overrides the profile's. An unknown profile, or no wait from
+/// either in waiting mode, is a `LockError::InvalidArgument` naming the profile and the fix;
+/// `sage_lock::global::check_profiles()` finds missing profiles at start-up, since every
+/// function naming a profile registers it at link time.
+///
+/// ```no_run
+/// # use sage_lock::LockError;
+/// # #[derive(Debug)] struct AppError(LockError);
+/// # impl From<LockError> for AppError { fn from(e: LockError) -> Self { AppError(e) } }
+/// #[sage_lock::locked(profile = "account-updates", key = "account:{id}", lease = "5s")]
+/// async fn update_account(id: u64) -> Result<(), AppError> {
+///     Ok(())
+/// }
+/// ```
 ///
 /// # Key templates
 ///
@@ -79,8 +100,8 @@ use proc_macro::TokenStream;
 ///
 /// # Limits
 ///
-/// * Durations and the namespace are literals, checked at compile time; for values computed at
-///   run time, call `Locks::with_lock` / `Locks::try_with_lock` directly.
+/// * Durations and the namespace are literals, checked at compile time; for values known only at
+///   run time, use a `profile`, or call `Locks::with_lock` / `Locks::try_with_lock` directly.
 /// * In `#[async_trait]` methods, placeholders can name only parameters bound to a plain name
 ///   (`#[async_trait]` renames destructured ones before `#[locked]` sees them).
 #[proc_macro_attribute]

@@ -1,4 +1,4 @@
-//! The process-wide client and service defaults that `#[locked]` uses.
+//! The process-wide client, service defaults and lock profiles that `#[locked]` uses.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), sage_lock::LockError> {
@@ -21,6 +21,7 @@ use crate::client::LockClient;
 use crate::error::LockError;
 
 pub use crate::options::{ServiceDefaults, defaults, set_defaults};
+pub use crate::profile::store::{check_profiles, profile, profiles, set_profiles};
 
 /// The environment variable the lazy default client connects to (see [`client`]).
 pub const URL_VARIABLE: &str = "SAGE_LOCK_URL";

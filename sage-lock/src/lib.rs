@@ -49,23 +49,27 @@
 #![warn(missing_docs)]
 
 // Layers, bottom to top (each module imports only from layers below it):
-//   utilities:   error, key, lease, observe, retry, scripts, topology, url, options
+//   utilities:   error, key, lease, observe, retry, scripts, topology, url, duration, options,
+//                profile (named options: data, environment overrides, the installed set)
 //   connection:  pool, connection (shared client, dedicated pool, checked script runs)
 //   engine:      renewal, engine (acquire → hold → release, generic over a primitive's Rules)
 //   primitives:  primitives::* (each states its scripts and rules)
-//   façade:      client (LockClient), global, macro_support
+//   façade:      client (LockClient), global, macro_support, macro_profile
 mod client;
 mod connection;
+mod duration;
 mod engine;
 mod error;
 pub mod global;
 mod key;
 mod lease;
+mod macro_profile;
 mod macro_support;
 mod observe;
 mod options;
 mod pool;
 mod primitives;
+mod profile;
 mod renewal;
 mod retry;
 mod scripts;
@@ -81,6 +85,7 @@ pub use observe::LockStats;
 pub use options::{LockOptions, MIN_LEASE};
 pub use pool::DedicatedConnection;
 pub use primitives::mutex::Locks;
+pub use profile::{Profile, Profiles};
 pub use sage_lock_macros::locked;
 pub use topology::Deployment;
 
@@ -90,5 +95,6 @@ pub use fred;
 /// What `#[locked]`'s generated code calls. Not a public API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::macro_profile::*;
     pub use crate::macro_support::*;
 }

@@ -211,7 +211,7 @@ impl<T: ClientArg + ?Sized> ClientArg for &mut T {
 /// Made by [`lock_shape`], the one place where the return type is checked, so that a wrong
 /// return type is reported once, at the return type.
 pub struct Shape<R> {
-    on_error: fn(LockError) -> R,
+    pub(crate) on_error: fn(LockError) -> R,
 }
 
 impl<R> Clone for Shape<R> {
@@ -255,7 +255,7 @@ where
 pub struct TryShape<R, B> {
     busy: fn() -> R,
     finished: fn(B) -> R,
-    on_error: fn(LockError) -> R,
+    pub(crate) on_error: fn(LockError) -> R,
 }
 
 impl<R, B> Clone for TryShape<R, B> {

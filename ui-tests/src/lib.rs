@@ -140,6 +140,30 @@ pub async fn patterns((a, b): (u32, u32), mut n: u64) -> Result<u64, AppError> {
     Ok(n)
 }
 
+/// Settings from a named profile (no `wait` needed: it may come from the profile); the
+/// attribute's `lease` overrides the profile's.
+///
+/// # Errors
+/// When the lock cannot be held, or the profile is unknown or has no wait.
+#[locked(profile = "account-updates", key = "account:{id}", lease = "5s")]
+pub async fn profiled(id: u64) -> Result<u64, AppError> {
+    Ok(id)
+}
+
+/// A profile with `try_lock` and an explicit wait-free call.
+///
+/// # Errors
+/// When the lock cannot be checked, or the profile is unknown.
+#[locked(
+    profile = "reports",
+    key = "report:{day}",
+    try_lock,
+    namespace = "reports-override"
+)]
+pub async fn profiled_try(day: u32) -> Result<Option<u32>, AppError> {
+    Ok(day)
+}
+
 /// A service holding its own client.
 pub struct Accounts {
     /// The client used by `#[locked(client = self.locks)]`.
@@ -158,6 +182,15 @@ impl Accounts {
     #[locked(key = "{self.tenant}:account:{id}", wait = "2s", client = self.locks)]
     pub async fn update(&self, id: u64) -> Result<u64, AppError> {
         Ok(id + self.tenant.len() as u64)
+    }
+
+    /// A profile and a wait in the attribute, on a method.
+    ///
+    /// # Errors
+    /// When the lock cannot be held.
+    #[locked(profile = "accounts.v2", key = "{self.tenant}", wait = "1s", client = self.locks)]
+    pub async fn profiled_method(&self) -> Result<usize, AppError> {
+        Ok(self.tenant.len())
     }
 
     /// `&mut self`, `Arc<LockClient>`, `try_lock`.
@@ -242,7 +275,7 @@ impl Journal for Accounts {
         Ok(text.len() + usize::try_from(id).unwrap_or_default())
     }
 
-    #[locked(key = "journal:{id}", try_lock, client = self.locks)]
+    #[locked(key = "journal:{id}", try_lock, client = self.locks, profile = "journal")]
     async fn try_write(&self, id: u64) -> Result<Option<u64>, AppError> {
         check(1)?;
         if id == 0 {
@@ -265,8 +298,11 @@ pub fn spawn_all(accounts: Arc<Accounts>, order: Order) {
         let _ = accounts.try_write(1).await;
         let _ = accounts.traced(1).await;
         let _ = accounts.cloned().await;
+        let _ = accounts.profiled_method().await;
     }));
     drop(tokio::spawn(expression_key("t", 1)));
+    drop(tokio::spawn(profiled(1)));
+    drop(tokio::spawn(profiled_try(1)));
     drop(tokio::spawn(async {
         let _ = generic::<u64, AppError>(1, "static").await;
     }));

@@ -2,18 +2,22 @@
 //! is an `async fn` annotated with `#[locked(...)]`.
 //!
 //! ```text
-//! cargo run -p sage-lock-examples --release --bin service [-- --tasks 8 --accounts 6 --seconds 4 --valkey]
+//! cargo run -p sage-lock-examples --release --bin service [-- --tasks 8 --accounts 6 --seconds 4 --valkey --profiles PATH]
 //! ```
 //!
-//! - Service-wide defaults (namespace `accounts`, a 5 s lease) are set once with
-//!   `sage_lock::global::set_defaults`, and the process-wide client with
-//!   `sage_lock::global::install`; the annotations name only the key and how long to wait.
-//! - [`Bank::deposit`] locks `account:{account}` and waits up to 2 s.
+//! - The lock settings live in configuration: named profiles in `examples/service-profiles.toml`
+//!   (or `--profiles PATH`), loaded with serde and installed once with
+//!   `sage_lock::global::set_profiles` (which applies `SAGE_LOCK_PROFILE_<NAME>_*` environment
+//!   overrides); `sage_lock::global::check_profiles` then makes sure every profile an annotation
+//!   names is configured. The annotations name only the profile and the key.
+//! - The process-wide client is installed with `sage_lock::global::install`.
+//! - [`Bank::deposit`] locks `account:{account}` with the `accounts` profile (wait 2 s).
 //! - [`Bank::transfer`] needs two accounts: it always locks the lower account id first (two
 //!   nested annotated functions), so two opposite transfers cannot each hold one account while
 //!   waiting for the other.
 //! - [`Bank::audit`] uses `try_lock`: it returns `Ok(None)` at once when the account is busy.
-//! - [`Journal::record`] uses its own, non-global client (`client = self.locks`) and namespace.
+//! - [`Journal::record`] uses its own, non-global client (`client = self.locks`) and the
+//!   `journal` profile.
 //!
 //! Balances live in Redis and are updated with a deliberately non-atomic read-modify-write
 //! (`GET`, some work, `SET`), so only the locks keep concurrent transfers from losing money.
@@ -34,9 +38,18 @@ use anyhow::bail;
 use fred::clients::Client;
 use fred::interfaces::{KeysInterface as _, ListInterface as _};
 use rand::Rng as _;
-use sage_lock::global::{self, ServiceDefaults};
-use sage_lock::{LockClient, LockError, LockStats, current_lease, locked};
+use sage_lock::global;
+use sage_lock::{LockClient, LockError, LockStats, Profiles, current_lease, locked};
 use sage_lock_examples::{ThrowawayServer, flag_value};
+
+/// The profiles file used without `--profiles`.
+const PROFILES_FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/service-profiles.toml");
+
+/// The part of the service's configuration file this example reads.
+#[derive(Debug, serde::Deserialize)]
+struct Config {
+    lock_profiles: Profiles,
+}
 
 /// What every account is funded with at start.
 const INITIAL_BALANCE: i64 = 1_000;
@@ -153,9 +166,9 @@ impl Bank {
         Ok(balance.unwrap_or(0))
     }
 
-    /// Adds `amount` to an account: lock `account:<account>` (namespace and lease from the
-    /// service defaults), waiting up to 2 s.
-    #[locked(key = "account:{account}", wait = "2s")]
+    /// Adds `amount` to an account: lock `account:<account>` with the settings of the
+    /// `accounts` profile (namespace, lease, and a 2 s wait).
+    #[locked(profile = "accounts", key = "account:{account}")]
     async fn deposit(&self, account: u64, amount: i64) -> Result<i64, AppError> {
         let balance = self.balance(account).await? + amount;
         think().await;
@@ -187,7 +200,7 @@ impl Bank {
         self.lock_lower(from.min(to), from.max(to), transfer).await
     }
 
-    #[locked(key = "account:{lower}", wait = "2s")]
+    #[locked(profile = "accounts", key = "account:{lower}")]
     async fn lock_lower(
         &self,
         lower: u64,
@@ -198,7 +211,7 @@ impl Bank {
         self.lock_higher(higher, transfer, lower_token).await
     }
 
-    #[locked(key = "account:{higher}", wait = "2s")]
+    #[locked(profile = "accounts", key = "account:{higher}")]
     async fn lock_higher(
         &self,
         higher: u64,
@@ -239,7 +252,7 @@ impl Bank {
 
     /// Reads a balance if nobody is changing the account right now: `Ok(None)` when its lock is
     /// busy (the body does not run).
-    #[locked(key = "account:{account}", try_lock)]
+    #[locked(profile = "accounts", key = "account:{account}", try_lock)]
     async fn audit(&self, account: u64) -> Result<Option<i64>, AppError> {
         let balance = self.balance(account).await?;
         think().await;
@@ -268,7 +281,7 @@ impl Journal {
 
     /// Appends a receipt and returns its sequence number. The sequence number is a non-atomic
     /// `GET` + `SET`, so only the lock keeps it equal to the journal's length.
-    #[locked(key = "journal:{self.run}", wait = "5s", namespace = "journal", client = self.locks)]
+    #[locked(profile = "journal", key = "journal:{self.run}", client = self.locks)]
     async fn record(&self, receipt: &Receipt) -> Result<u64, AppError> {
         let store = self.locks.fred();
         let (seq_key, entries_key) = self.keys();
@@ -402,12 +415,15 @@ async fn main() -> anyhow::Result<ExitCode> {
     let server = ThrowawayServer::start()?;
     println!("server: {}", server.description());
 
-    // All of the lock configuration, once, at start-up: the annotations only name keys and waits.
-    global::set_defaults(
-        ServiceDefaults::new()
-            .namespace("accounts")
-            .lease(Duration::from_secs(5)),
-    )?;
+    // All of the lock configuration, once, at start-up: the annotations only name profiles and
+    // keys. A missing profile fails here, not on the first request.
+    let path: String = flag_value("--profiles")?.unwrap_or_else(|| PROFILES_FILE.to_owned());
+    let text = std::fs::read_to_string(&path)
+        .map_err(|error| anyhow::anyhow!("reading the lock profiles {path}: {error}"))?;
+    let config: Config = toml::from_str(&text)
+        .map_err(|error| anyhow::anyhow!("invalid lock profiles in {path}: {error}"))?;
+    global::set_profiles(config.lock_profiles)?;
+    global::check_profiles()?;
     let client = LockClient::connect(server.url()).await?;
     global::install(client.clone())?;
 

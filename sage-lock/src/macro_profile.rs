@@ -1,0 +1,96 @@
+//! What `#[locked(profile = "...")]` calls: the profile's settings, looked up when the function
+//! is called, with the attribute's own arguments applied over them. Not a public API (see
+//! `macro_support`).
+
+use std::future::Future;
+use std::time::Duration;
+
+pub use crate::profile::store::ProfileUse;
+pub use inventory;
+
+use crate::macro_support::{Shape, TryShape, try_with_lock, with_lock};
+use crate::profile::env::PREFIX;
+use crate::{LockClient, LockError, LockOptions, Profiles};
+
+/// The options of `profile` with the attribute's `overrides` applied, and the wait the profile
+/// sets.
+fn resolve(
+    profile: &'static str,
+    overrides: impl FnOnce(LockOptions) -> LockOptions,
+) -> Result<(LockOptions, Option<Duration>), LockError> {
+    let settings = crate::profile::store::profile(profile)?;
+    Ok((overrides(settings.options()), settings.wait))
+}
+
+fn missing_wait(profile: &str) -> LockError {
+    let variable = Profiles::env_variable(profile, "WAIT");
+    debug_assert!(variable.starts_with(PREFIX));
+    LockError::invalid(
+        "wait",
+        format!(
+            "#[locked(profile = {profile:?})] has no wait: neither the attribute nor profile \
+             {profile:?} sets one; add `wait = \"2s\"` to the profile (or set {variable}=2s), \
+             write `wait = \"...\"` in the attribute, or use `try_lock`"
+        ),
+    )
+}
+
+/// Default mode with a profile: the attribute's `wait`, else the profile's.
+pub async fn with_profile_lock<R, O, F>(
+    shape: Shape<R>,
+    client: Option<LockClient>,
+    key: Vec<u8>,
+    profile: &'static str,
+    overrides: O,
+    wait: Option<Duration>,
+    body: F,
+) -> R
+where
+    O: FnOnce(LockOptions) -> LockOptions,
+    F: Future<Output = R>,
+{
+    let (options, profile_wait) = match resolve(profile, overrides) {
+        Ok(resolved) => resolved,
+        Err(error) => return (shape.on_error)(error),
+    };
+    let Some(wait) = wait.or(profile_wait) else {
+        return (shape.on_error)(missing_wait(profile));
+    };
+    with_lock(shape, client, key, options, wait, body).await
+}
+
+/// `try_lock` mode with a profile (its wait is not used).
+pub async fn try_with_profile_lock<R, B, O, F>(
+    shape: TryShape<R, B>,
+    client: Option<LockClient>,
+    key: Vec<u8>,
+    profile: &'static str,
+    overrides: O,
+    body: F,
+) -> R
+where
+    O: FnOnce(LockOptions) -> LockOptions,
+    F: Future<Output = B>,
+{
+    match resolve(profile, overrides) {
+        Ok((options, _)) => try_with_lock(shape, client, key, options, body).await,
+        Err(error) => (shape.on_error)(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_wait_names_the_profile_and_the_fixes() {
+        let message = missing_wait("account-updates").to_string();
+        for expected in [
+            "\"account-updates\"",
+            "SAGE_LOCK_PROFILE_ACCOUNT_UPDATES_WAIT=2s",
+            "try_lock",
+        ] {
+            assert!(message.contains(expected), "{message}");
+        }
+    }
+}

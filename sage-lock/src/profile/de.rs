@@ -1,0 +1,181 @@
+//! `serde::Deserialize` for [`LockOptions`], [`Profile`] and [`Profiles`] (feature `serde`).
+//! Durations are text in the grammar of `#[locked]` (`"150ms"`, `"2s"`, `"1m30s"`); unknown
+//! settings are errors that list the known ones.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+
+use super::{Profile, Profiles};
+use crate::duration::parse_millis;
+use crate::options::{LockOptions, validate_lease, validate_namespace};
+
+/// The fields of a [`Profile`] as written in a configuration file.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProfileFields {
+    #[serde(default, deserialize_with = "duration")]
+    lease: Option<Duration>,
+    #[serde(default, deserialize_with = "duration")]
+    wait: Option<Duration>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default, alias = "replica_ack")]
+    replica_acknowledgement: Option<bool>,
+}
+
+/// The fields of [`LockOptions`] as written in a configuration file.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OptionsFields {
+    #[serde(default, deserialize_with = "duration")]
+    lease: Option<Duration>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default, alias = "replica_ack")]
+    replica_acknowledgement: Option<bool>,
+}
+
+/// `lease = "10s"`, `wait = "2s"`, `namespace = "..."`, `replica_acknowledgement = false`
+/// (alias `replica_ack`); every field optional. Ranges are checked when the profiles are
+/// deserialized as [`Profiles`] or installed.
+impl<'de> Deserialize<'de> for Profile {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let fields = ProfileFields::deserialize(deserializer)?;
+        Ok(Profile {
+            lease: fields.lease,
+            wait: fields.wait,
+            namespace: fields.namespace,
+            replica_acknowledgement: fields.replica_acknowledgement,
+        })
+    }
+}
+
+/// A map of profile names to [`Profile`]s; every profile and name is checked.
+impl<'de> Deserialize<'de> for Profiles {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let by_name = std::collections::BTreeMap::<String, Profile>::deserialize(deserializer)?;
+        let profiles = Profiles { by_name };
+        profiles.check().map_err(de::Error::custom)?;
+        Ok(profiles)
+    }
+}
+
+/// `lease = "10s"`, `namespace = "..."`, `replica_acknowledgement = false` (alias
+/// `replica_ack`); every field optional, checked as [`LockOptions`]'s setters document.
+impl<'de> Deserialize<'de> for LockOptions {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let fields = OptionsFields::deserialize(deserializer)?;
+        let mut options = LockOptions::new();
+        if let Some(lease) = fields.lease {
+            validate_lease(lease).map_err(de::Error::custom)?;
+            options = options.lease(lease);
+        }
+        if let Some(namespace) = fields.namespace {
+            validate_namespace(&namespace).map_err(de::Error::custom)?;
+            options = options.namespace(namespace);
+        }
+        if let Some(on) = fields.replica_acknowledgement {
+            options = options.replica_acknowledgement(on);
+        }
+        Ok(options)
+    }
+}
+
+/// An optional duration written as text.
+fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
+    struct Text;
+    impl Visitor<'_> for Text {
+        type Value = Duration;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a duration such as \"150ms\", \"2s\", \"1m\", \"1h\" or \"1m30s\"")
+        }
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<Duration, E> {
+            parse_millis(text)
+                .map(Duration::from_millis)
+                .map_err(|error| E::custom(format!("invalid duration {text:?}: {error}")))
+        }
+        fn visit_u64<E: de::Error>(self, number: u64) -> Result<Duration, E> {
+            Err(E::custom(format!(
+                "a duration is text with a unit: write \"{number}s\" or \"{number}ms\", not \
+                 {number}"
+            )))
+        }
+        fn visit_i64<E: de::Error>(self, number: i64) -> Result<Duration, E> {
+            Err(E::custom(format!(
+                "a duration is text with a unit, e.g. \"2s\", not {number}"
+            )))
+        }
+    }
+    deserializer.deserialize_str(Text).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profiles(text: &str) -> Result<Profiles, String> {
+        toml::from_str(text).map_err(|error| error.to_string())
+    }
+
+    #[test]
+    fn profiles_from_toml() {
+        let parsed = profiles(
+            r#"
+            [account-updates]
+            lease = "10s"
+            wait = "1m30s"
+            namespace = "accounts"
+
+            [reports]
+            replica_ack = false
+            "#,
+        )
+        .expect("valid");
+        assert_eq!(
+            parsed,
+            Profiles::new()
+                .with(
+                    "account-updates",
+                    Profile::new()
+                        .lease(Duration::from_secs(10))
+                        .wait(Duration::from_secs(90))
+                        .namespace("accounts")
+                )
+                .with("reports", Profile::new().replica_acknowledgement(false))
+        );
+    }
+
+    #[test]
+    fn bad_profiles_are_clear_errors() {
+        let cases = [
+            ("[p]\nleese = \"1s\"", "unknown field `leese`"),
+            ("[p]\nlease = \"1.5s\"", "fractional durations"),
+            ("[p]\nwait = 2", "\"2s\""),
+            ("[p]\nlease = \"10ms\"", "at least 30ms"),
+            ("[p]\nwait = \"0s\"", "must be positive"),
+            ("[\"a b\"]\nwait = \"1s\"", "ASCII letters"),
+        ];
+        for (text, expected) in cases {
+            let error = profiles(text).expect_err(text);
+            assert!(error.contains(expected), "{text}: {error}");
+        }
+    }
+
+    #[test]
+    fn lock_options_from_toml() {
+        let options: LockOptions =
+            toml::from_str("lease = \"2s\"\nnamespace = \"n\"").expect("valid");
+        let debug = format!("{options:?}");
+        assert!(debug.contains("2s") && debug.contains("\"n\""), "{debug}");
+        let error = toml::from_str::<LockOptions>("wait = \"2s\"").expect_err("no wait");
+        assert!(
+            error.to_string().contains("unknown field `wait`"),
+            "{error}"
+        );
+        let error = toml::from_str::<LockOptions>("namespace = \"\"").expect_err("empty");
+        assert!(error.to_string().contains("must not be empty"), "{error}");
+    }
+}

@@ -1,0 +1,199 @@
+//! Environment overrides of profiles, for twelve-factor deployments:
+//! `SAGE_LOCK_PROFILE_<NAME>_LEASE=10s`, `_WAIT`, `_NAMESPACE`, `_REPLICA_ACK`, where `<NAME>` is
+//! the profile name upper-cased with `-` and `.` turned into `_`. An override beats the value
+//! from the configuration; an argument written in `#[locked(...)]` beats both.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use super::{Profile, Profiles};
+use crate::duration::parse_millis;
+
+/// The prefix of every override variable.
+pub(crate) const PREFIX: &str = "SAGE_LOCK_PROFILE_";
+
+/// The settings that can be overridden, as they appear at the end of a variable's name.
+const SETTINGS: [&str; 4] = ["LEASE", "WAIT", "NAMESPACE", "REPLICA_ACK"];
+
+/// `SAGE_LOCK_PROFILE_<NAME>_<SETTING>`.
+pub(crate) fn variable(name: &str, setting: &str) -> String {
+    let name: String = name
+        .chars()
+        .map(|c| match c {
+            '-' | '.' => '_',
+            c => c.to_ascii_uppercase(),
+        })
+        .collect();
+    format!("{PREFIX}{name}_{setting}")
+}
+
+/// Applies the overrides found by `lookup` (a variable's value, if set) to every profile.
+///
+/// # Errors
+/// A message naming the variable, its value and the fix.
+pub(crate) fn apply(
+    profiles: &mut Profiles,
+    lookup: impl Fn(&str) -> Option<OsString>,
+) -> Result<(), String> {
+    let names: Vec<String> = profiles.names().map(str::to_owned).collect();
+    let mut seen: Vec<(String, &str)> = Vec::new();
+    for name in &names {
+        let prefix = variable(name, "");
+        if let Some((_, other)) = seen.iter().find(|(taken, _)| *taken == prefix) {
+            return Err(format!(
+                "profiles {other:?} and {name:?} share the environment variables {prefix}*: \
+                 rename one of them"
+            ));
+        }
+        seen.push((prefix, name.as_str()));
+        let Some(profile) = profiles.get_mut(name) else {
+            continue;
+        };
+        for setting in SETTINGS {
+            let variable = variable(name, setting);
+            if let Some(value) = lookup(&variable) {
+                let Some(value) = value.to_str() else {
+                    return Err(format!("{variable} is not valid UTF-8"));
+                };
+                set(profile, setting, value.trim()).map_err(|problem| {
+                    format!("{variable}={value:?} (profile {name:?}): {problem}")
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn set(profile: &mut Profile, setting: &str, value: &str) -> Result<(), String> {
+    match setting {
+        "LEASE" => profile.lease = Some(duration(value)?),
+        "WAIT" => profile.wait = Some(duration(value)?),
+        "NAMESPACE" => profile.namespace = Some(value.to_owned()),
+        _ => profile.replica_acknowledgement = Some(flag(value)?),
+    }
+    Ok(())
+}
+
+fn duration(value: &str) -> Result<Duration, String> {
+    parse_millis(value)
+        .map(Duration::from_millis)
+        .map_err(|error| error.to_string())
+}
+
+fn flag(value: &str) -> Result<bool, String> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err("expected `true` or `false`".to_owned()),
+    }
+}
+
+/// Variables with the override prefix that match no setting of any profile in `profiles`
+/// (likely typos, or overrides of a profile that is not configured).
+pub(crate) fn unmatched(
+    profiles: &Profiles,
+    variables: impl Iterator<Item = OsString>,
+) -> Vec<String> {
+    let known: Vec<String> = profiles
+        .names()
+        .flat_map(|name| SETTINGS.map(|setting| variable(name, setting)))
+        .collect();
+    variables
+        .filter_map(|variable| variable.into_string().ok())
+        .filter(|variable| variable.starts_with(PREFIX) && !known.contains(variable))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
+        let map: HashMap<String, OsString> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), OsString::from(v)))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    #[test]
+    fn variables_are_upper_case_with_underscores() {
+        assert_eq!(
+            variable("account-updates.v2", "WAIT"),
+            "SAGE_LOCK_PROFILE_ACCOUNT_UPDATES_V2_WAIT"
+        );
+    }
+
+    #[test]
+    fn overrides_replace_configured_values() {
+        let mut profiles = Profiles::new().with(
+            "account-updates",
+            Profile::new()
+                .lease(Duration::from_secs(30))
+                .namespace("file"),
+        );
+        apply(
+            &mut profiles,
+            lookup(&[
+                ("SAGE_LOCK_PROFILE_ACCOUNT_UPDATES_LEASE", "10s"),
+                ("SAGE_LOCK_PROFILE_ACCOUNT_UPDATES_WAIT", " 1m30s "),
+                ("SAGE_LOCK_PROFILE_ACCOUNT_UPDATES_NAMESPACE", "env"),
+                ("SAGE_LOCK_PROFILE_ACCOUNT_UPDATES_REPLICA_ACK", "off"),
+            ]),
+        )
+        .expect("valid overrides");
+        let expected = Profile::new()
+            .lease(Duration::from_secs(10))
+            .wait(Duration::from_secs(90))
+            .namespace("env")
+            .replica_acknowledgement(false);
+        assert_eq!(profiles.get("account-updates"), Some(&expected));
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let mut profiles = Profiles::new().with("p", Profile::new());
+        let error = apply(
+            &mut profiles,
+            lookup(&[("SAGE_LOCK_PROFILE_P_LEASE", "10")]),
+        )
+        .expect_err("no unit");
+        assert!(
+            error.starts_with("SAGE_LOCK_PROFILE_P_LEASE=\"10\"") && error.contains("\"10s\""),
+            "{error}"
+        );
+        let error = apply(
+            &mut profiles,
+            lookup(&[("SAGE_LOCK_PROFILE_P_REPLICA_ACK", "maybe")]),
+        )
+        .expect_err("not a bool");
+        assert!(error.contains("SAGE_LOCK_PROFILE_P_REPLICA_ACK"), "{error}");
+        let mut clash = Profiles::new()
+            .with("a-b", Profile::new())
+            .with("a.b", Profile::new());
+        let error = apply(&mut clash, lookup(&[])).expect_err("same variables");
+        assert!(error.contains("rename"), "{error}");
+    }
+
+    #[test]
+    fn unmatched_variables_are_reported() {
+        let profiles = Profiles::new().with("p", Profile::new());
+        let found = unmatched(
+            &profiles,
+            [
+                "SAGE_LOCK_PROFILE_P_LEASE",
+                "SAGE_LOCK_PROFILE_Q_LEASE",
+                "SAGE_LOCK_PROFILE_P_LEASEE",
+                "PATH",
+            ]
+            .into_iter()
+            .map(OsString::from),
+        );
+        assert_eq!(
+            found,
+            ["SAGE_LOCK_PROFILE_Q_LEASE", "SAGE_LOCK_PROFILE_P_LEASEE"]
+        );
+    }
+}
