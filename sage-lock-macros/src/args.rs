@@ -254,7 +254,13 @@ pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
                 }
             }
             "namespace" => args.namespace = namespace_arg(span, arg.value, errors),
-            "profile" => args.profile = profile_arg(span, arg.value, errors),
+            "profile" => {
+                let literal = arg.value.as_ref().and_then(as_lit);
+                match crate::profile::parse(span, arg.value.as_ref(), literal) {
+                    Ok(profile) => args.profile = Some(profile),
+                    Err(error) => errors.push(error),
+                }
+            }
             "replica_ack" => args.replica_ack = flag_arg(&name, span, arg.value, errors),
             "try_lock" => {
                 // An invalid value still shows the intent not to wait: no "missing `wait`".
@@ -424,55 +430,6 @@ fn namespace_arg(span: Span, value: Option<Expr>, errors: &mut Errors) -> Option
             errors.spanned(
                 &value,
                 "`namespace` must be a string literal, e.g. `namespace = \"account-updates\"`",
-            );
-            None
-        }
-    }
-}
-
-fn profile_arg(span: Span, value: Option<Expr>, errors: &mut Errors) -> Option<LitStr> {
-    let Some(value) = value else {
-        errors.at(
-            span,
-            "`profile` needs a value: write `profile = \"account-updates\"`, the name of a profile \
-             installed with `sage_lock::global::set_profiles`",
-        );
-        return None;
-    };
-    match as_lit(&value) {
-        Some(Lit::Str(text)) if text.value().is_empty() => {
-            errors.at(
-                text.span(),
-                "`profile` cannot be empty: name a profile such as \"account-updates\", or remove \
-                 the argument",
-            );
-            None
-        }
-        Some(Lit::Str(text)) => {
-            let name = text.value();
-            if let Some(bad) = name
-                .chars()
-                .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
-            {
-                errors.at(
-                    text.span(),
-                    format!(
-                        "profile name {name:?} contains {bad:?}: use ASCII letters, digits, `-`, \
-                         `_` and `.`, so that it maps to environment variables \
-                         (SAGE_LOCK_PROFILE_<NAME>_LEASE, ...)"
-                    ),
-                );
-                return None;
-            }
-            Some(text.clone())
-        }
-        _ => {
-            errors.spanned(
-                &value,
-                "`profile` must be a string literal, e.g. `profile = \"account-updates\"`, so that \
-                 `sage_lock::global::check_profiles()` can list it at start-up; for a profile \
-                 chosen at run time, call `Locks::with_lock` with \
-                 `sage_lock::global::profile(name)?.options()`",
             );
             None
         }

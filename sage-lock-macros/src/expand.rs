@@ -42,6 +42,7 @@ use syn::{
 
 use crate::args::{self, Args, Errors, KeyArg};
 use crate::key::{self, Scope};
+use crate::profile;
 
 /// Entry point: `#[locked(args)] item`.
 pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -419,92 +420,38 @@ fn generated(
         let on = syn::LitBool::new(on, span);
         setters.extend(quote!(.replica_acknowledgement(#on)));
     }
-    if let Some(profile) = &args.profile {
-        return generated_with_profile(
-            args,
-            profile,
-            &setters,
-            (&key_local, &client_local, &client, key),
-            (ret, ret_span),
-            function_name,
-        );
-    }
-    let options = quote!(#krate::__private::LockOptions::new() #setters);
-
     let shape_statement = shape_statement(args, ret, ret_span);
-    let locals = quote! {
+    let mut locals = quote! {
         let #key_local: ::std::vec::Vec<u8> = #key;
         let #client_local: ::core::option::Option<#krate::__private::LockClient> = #client;
         #shape_statement
     };
-    let (function, arguments) = if args.try_lock {
+    let (function, arguments) = if let Some(profile) = &args.profile {
+        let call = profile::call(&profile::Call {
+            krate: &krate,
+            profile,
+            function_name,
+            leading: &quote!(#shape, #client_local, #key_local,),
+            setters: &setters,
+            try_lock: args.try_lock,
+            wait_millis: args.wait.as_ref().map(|wait| wait.millis),
+        });
+        let registration = &call.registration;
+        locals = quote!(#registration #locals);
+        (call.function, call.arguments)
+    } else if args.try_lock {
+        let options = quote!(#krate::__private::LockOptions::new() #setters);
         (
             quote!(#krate::__private::try_with_lock),
             quote!(#shape, #client_local, #key_local, #options,),
         )
     } else {
+        let options = quote!(#krate::__private::LockOptions::new() #setters);
         let millis = args.wait.as_ref().map_or(0, |wait| wait.millis);
         (
             quote!(#krate::__private::with_lock),
             quote!(#shape, #client_local, #key_local, #options,
                 ::core::time::Duration::from_millis(#millis),),
-        )
-    };
-    Generated {
-        locals,
-        function,
-        arguments,
-        edge: edge(args, ret_span),
-    }
-}
-
-/// [`generated`] for `profile = "..."`: registers the profile for `check_profiles` (at link
-/// time, through `inventory`), then calls the `*_profile_lock` entry points with the setters as
-/// a closure over the profile's options, and the attribute's wait if any.
-fn generated_with_profile(
-    args: &Args,
-    profile: &syn::LitStr,
-    setters: &TokenStream,
-    (key_local, client_local, client, key): (&syn::Ident, &syn::Ident, &TokenStream, &TokenStream),
-    (ret, ret_span): (&Type, Span),
-    function_name: &syn::Ident,
-) -> Generated {
-    let krate = krate(args);
-    let shape = shape_local();
-    let options_local = format_ident!("sage_lock_options", span = Span::mixed_site());
-    let function_name = syn::LitStr::new(
-        &syn::ext::IdentExt::unraw(function_name).to_string(),
-        function_name.span(),
-    );
-    let shape_statement = shape_statement(args, ret, ret_span);
-    let locals = quote! {
-        #krate::__private::inventory::submit! {
-            #krate::__private::ProfileUse::new(
-                #profile, #function_name, ::core::file!(), ::core::line!()
-            )
-        }
-        let #key_local: ::std::vec::Vec<u8> = #key;
-        let #client_local: ::core::option::Option<#krate::__private::LockClient> = #client;
-        #shape_statement
-    };
-    let overrides =
-        quote!(|#options_local: #krate::__private::LockOptions| #options_local #setters);
-    let (function, arguments) = if args.try_lock {
-        (
-            quote!(#krate::__private::try_with_profile_lock),
-            quote!(#shape, #client_local, #key_local, #profile, #overrides,),
-        )
-    } else {
-        let wait = match &args.wait {
-            Some(wait) => {
-                let millis = wait.millis;
-                quote!(::core::option::Option::Some(::core::time::Duration::from_millis(#millis)))
-            }
-            None => quote!(::core::option::Option::None),
-        };
-        (
-            quote!(#krate::__private::with_profile_lock),
-            quote!(#shape, #client_local, #key_local, #profile, #overrides, #wait,),
         )
     };
     Generated {
