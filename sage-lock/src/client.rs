@@ -207,9 +207,10 @@ impl LockClient {
         }
     }
 
-    /// Closes the shared and dedicated connections. Locks still held expire with their lease.
+    /// Closes the shared, dedicated and subscriber connections. Locks still held expire with their lease.
     pub async fn quit(&self) {
         self.inner.conn.pool.close().await;
+        self.inner.notifier.close().await;
         let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.conn.fred.quit()).await;
     }
 }

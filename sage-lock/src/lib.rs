@@ -65,6 +65,7 @@ mod key;
 mod lease;
 mod macro_profile;
 mod macro_support;
+mod notify;
 mod observe;
 mod options;
 mod pool;

@@ -4,14 +4,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fred::bytes::Bytes;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{Engine, Held, Rules, TRY_LOCK_RETRY_WINDOW};
+use super::waiters::KeyWaiters;
+use super::{Engine, Held, QUEUED_POLL, Rules, TRY_LOCK_RETRY_WINDOW, WAITER_TTL};
 use crate::connection::{Ack, DEADLINE_REACHED, OpError};
 use crate::error::{LockError, LossReason, TimeoutReason};
 use crate::key::LockKeys;
 use crate::lease::{Lease, drift};
+use crate::notify::{Subscribed, Watch};
 use crate::observe::Event;
 use crate::options::LockSettings;
 use crate::retry::{Backoff, Failure, classify, deadline_after, remaining};
@@ -26,25 +27,53 @@ pub(crate) enum Mode {
     Try,
 }
 
-/// A local waiter's registration, handed back however the acquisition ends (cancellation
-/// included).
+/// A task's place among this process's waiters for one key, handed back however the
+/// acquisition ends (cancellation included); a leader hands over to the next local waiter.
 struct WaitSlot<'a> {
     engine: &'a Engine,
-    key: &'a [u8],
-    notify: Option<Arc<Notify>>,
+    key: &'a Bytes,
+    waiters: Option<Arc<KeyWaiters>>,
+    leading: bool,
 }
 
 impl WaitSlot<'_> {
-    fn notify(&mut self) -> &Arc<Notify> {
-        self.notify
-            .get_or_insert_with(|| self.engine.waiters.register(self.key))
+    fn waiters(&mut self) -> &Arc<KeyWaiters> {
+        self.waiters
+            .get_or_insert_with(|| self.engine.waiters.join(self.key))
+    }
+
+    /// Leads at once if no other local task does.
+    fn try_lead(&mut self) -> bool {
+        if !self.leading {
+            self.leading = self.waiters().try_lead();
+        }
+        self.leading
+    }
+
+    /// Waits (until `deadline`) for the local leader to hand over; false when out of time.
+    async fn follow(&mut self, deadline: Instant) -> bool {
+        let waiters = Arc::clone(self.waiters());
+        self.leading = tokio::time::timeout_at(deadline, waiters.lead())
+            .await
+            .is_ok();
+        self.leading
+    }
+
+    fn resign(&mut self) {
+        if self.leading
+            && let Some(waiters) = &self.waiters
+        {
+            waiters.resign();
+        }
+        self.leading = false;
     }
 }
 
 impl Drop for WaitSlot<'_> {
     fn drop(&mut self) {
-        if let Some(notify) = self.notify.take() {
-            self.engine.waiters.forget(self.key, notify);
+        self.resign();
+        if let Some(waiters) = self.waiters.take() {
+            self.engine.waiters.leave(self.key, waiters);
         }
     }
 }
@@ -108,7 +137,8 @@ pub(crate) async fn acquire(
     let mut waiter = WaitSlot {
         engine,
         key: &keys.lock,
-        notify: None,
+        waiters: None,
+        leading: false,
     };
     let result = acquire_loop(
         engine,
@@ -205,18 +235,33 @@ async fn acquire_loop(
     let mut last_transient: Option<String> = None;
     let mut holder_pttl: Option<Duration> = None;
     let mut attempts = 0_u32;
+    let waiting = matches!(mode, Mode::Wait(_));
+    // Whether this primitive queues waiters on the server and notifies the head on release.
+    let queued = waiting && rules.notifies();
+    let mut watch: Option<Watch<'_>> = None;
+    let mut subscribed = false;
+    // Another local task already waits for a key: if it waits for this one, follow it.
+    if waiting && engine.waiters.any() && !waiter.try_lead() && !waiter.follow(deadline).await {
+        return Err(Stop::TimedOut(TimeoutReason::Busy));
+    }
     loop {
         attempts += 1;
         // Until an answer says otherwise, this attempt may have been granted.
         held.armed = true;
         let sent = Instant::now();
-        let call = rules.acquire_call(keys, &held.token, lease_duration);
+        let call = if queued {
+            rules.wait_call(keys, &held.token, lease_duration, WAITER_TTL)
+        } else {
+            rules.acquire_call(keys, &held.token, lease_duration)
+        };
         let outcome = client
             .run(&call, settings.replica_acknowledgement, deadline, None)
             .await
             .and_then(|(reply, ack, node)| Ok((parse_acquire(reply)?, ack, node)));
         match outcome {
             Ok((AcquireReply::Granted { fence }, Ack::Confirmed, granted_by)) => {
+                // The next local waiter joins the server's queue while this one holds.
+                waiter.resign();
                 let valid_until = sent + lease_duration - drift(lease_duration);
                 if Instant::now() >= valid_until {
                     return Err(Stop::Lost(LossReason::ExpiredBeforeStart));
@@ -256,12 +301,39 @@ async fn acquire_loop(
                 if matches!(mode, Mode::Try) {
                     return Ok(None);
                 }
-                // A definite "busy" (the script checks our token too): we hold nothing.
-                held.armed = false;
+                // A definite "busy" (the script checks our token too): we hold nothing, but a
+                // queued waiter owes the queue its leaving.
+                held.armed = queued;
                 client.stats.record(&settings.metrics, Event::BusyRetry);
                 holder_pttl =
                     Some(u64::try_from(pttl_ms).map_or(Duration::ZERO, Duration::from_millis));
                 last_transient = None;
+                if !waiter.try_lead() {
+                    // Another local task asks the server for this key: leave the server's queue
+                    // to it and wait for it to hand over.
+                    if queued {
+                        leave_queue(engine, rules, keys, &held.token, deadline).await;
+                    }
+                    if !waiter.follow(deadline).await {
+                        return Err(Stop::TimedOut(TimeoutReason::Busy));
+                    }
+                    continue;
+                }
+                if queued && !subscribed {
+                    let watch = watch.get_or_insert_with(|| {
+                        engine.notifier.watch(&keys.lock, held.token.clone())
+                    });
+                    let limit = deadline.min(Instant::now() + Duration::from_secs(1));
+                    match watch.subscribe(limit).await {
+                        Subscribed::Already => subscribed = true,
+                        // A release may have slipped past before the subscription: try again.
+                        Subscribed::New => {
+                            subscribed = true;
+                            continue;
+                        }
+                        Subscribed::Unavailable => {}
+                    }
+                }
             }
             Err(OpError::Failed(error)) => {
                 if classify(&error) == Failure::Permanent {
@@ -290,22 +362,47 @@ async fn acquire_loop(
         }
         // Never sleep past the deadline, nor (much) past the moment the holder's lease ends.
         let limit = holder_pttl.map_or(left, |pttl| left.min(pttl.max(Duration::from_millis(1))));
-        let delay = backoff.next_delay(limit);
-        tracing::trace!(
-            attempts,
-            ?delay,
-            busy = holder_pttl.is_some(),
-            "lock not acquired yet; waiting"
-        );
-        if holder_pttl.is_some() && matches!(mode, Mode::Wait(_)) {
-            let notify = waiter.notify();
-            tokio::select! {
-                () = tokio::time::sleep(delay) => {}
-                () = notify.notified() => {}
-            }
+        let busy = holder_pttl.is_some();
+        let delay = if busy && subscribed {
+            // The release names the next owner; poll only to refresh the queue place and in
+            // case a notification is lost.
+            limit.min(QUEUED_POLL)
+        } else if queued {
+            backoff.next_delay(limit.min(QUEUED_POLL))
         } else {
-            tokio::time::sleep(delay).await;
+            backoff.next_delay(limit)
+        };
+        tracing::trace!(attempts, ?delay, busy, "lock not acquired yet; waiting");
+        match (&watch, waiter.waiters.as_deref()) {
+            (Some(watch), _) if busy && subscribed => {
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = watch.notified() => {}
+                }
+            }
+            (_, Some(local)) if busy && waiting => {
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = local.released() => {}
+                }
+            }
+            _ => tokio::time::sleep(delay).await,
         }
+    }
+}
+
+/// Takes `token` out of the lock's server-side queue (the release call does that too).
+async fn leave_queue(
+    engine: &Engine,
+    rules: &Arc<dyn Rules>,
+    keys: &LockKeys,
+    token: &Bytes,
+    deadline: Instant,
+) {
+    let call = rules.release_call(keys, token);
+    let limit = deadline.min(Instant::now() + super::RELEASE_TIMEOUT);
+    if let Err(error) = engine.conn.run_plain(&call, limit).await {
+        tracing::debug!(?error, "leaving the waiter queue failed; the place expires");
     }
 }
 
@@ -325,13 +422,23 @@ mod tests {
         );
         let engine = Engine::new(conn);
         for key in [b"a".as_slice(), b"b", b"a"] {
+            let key = Bytes::copy_from_slice(key);
             let mut slot = WaitSlot {
                 engine: &engine,
-                key,
-                notify: None,
+                key: &key,
+                waiters: None,
+                leading: false,
             };
-            let _ = slot.notify();
+            assert!(slot.try_lead());
             assert_eq!(engine.waiters.keys(), 1);
+            drop(slot);
+            let mut next = WaitSlot {
+                engine: &engine,
+                key: &key,
+                waiters: None,
+                leading: false,
+            };
+            assert!(next.try_lead(), "a dropped leader handed over");
         }
         assert_eq!(engine.waiters.keys(), 0);
     }

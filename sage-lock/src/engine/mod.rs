@@ -20,6 +20,7 @@ use tracing::Instrument as _;
 use crate::connection::Connection;
 use crate::error::LockError;
 use crate::key::LockKeys;
+use crate::notify::Notifier;
 use crate::options::LockSettings;
 use crate::renewal::{RenewTarget, Renewer};
 use crate::scripts::ScriptCall;
@@ -35,6 +36,13 @@ pub const TRY_LOCK_RETRY_WINDOW: Duration = Duration::from_secs(1);
 /// anyway (see its example).
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How long a waiter keeps its place in a lock's server-side queue without trying again: a
+/// waiter that died (or stalled this long) is skipped after at most this long.
+pub(crate) const WAITER_TTL: Duration = Duration::from_secs(2);
+/// The longest a queued waiter sleeps between attempts (it refreshes its place on each), and so
+/// the most a lost release notification costs.
+pub(crate) const QUEUED_POLL: Duration = Duration::from_millis(500);
+
 /// What one primitive's scripts do. Every call touches the keys of one lock only (one slot).
 ///
 /// The acquire script replies `{1, fencing_token}` when granted (also when the key already holds
@@ -47,13 +55,34 @@ pub(crate) trait Rules: Send + Sync + fmt::Debug {
     fn release_call(&self, keys: &LockKeys, token: &Bytes) -> ScriptCall<'static>;
     /// Where `token`'s hold lives, for the batched renewal.
     fn renew_target(&self, keys: &LockKeys) -> RenewTarget;
+    /// One attempt of a waiting acquisition. A primitive with a server-side waiter queue
+    /// enqueues a busy caller here (its place lasts `waiter_ttl` unless it tries again) and
+    /// grants only to the queue's head; the release call then removes `token` from the queue
+    /// too. Defaults to [`Rules::acquire_call`].
+    fn wait_call(
+        &self,
+        keys: &LockKeys,
+        token: &Bytes,
+        lease: Duration,
+        waiter_ttl: Duration,
+    ) -> ScriptCall<'static> {
+        let _ = waiter_ttl;
+        self.acquire_call(keys, token, lease)
+    }
+    /// Whether the release call publishes the queue's new head on the lock's release channel
+    /// ([`crate::notify::channel`]), so waiters can wait for the message instead of polling.
+    fn notifies(&self) -> bool {
+        false
+    }
 }
 
-/// One client's engine: its connection state, its renewal scheduler, its local waiters.
+/// One client's engine: its connection state, its renewal scheduler, its local waiters and
+/// their release notifications.
 pub(crate) struct Engine {
     pub(crate) conn: Arc<Connection>,
     pub(crate) renewer: Renewer,
     pub(crate) waiters: Waiters,
+    pub(crate) notifier: Notifier,
 }
 
 impl Engine {
@@ -61,6 +90,7 @@ impl Engine {
         let conn = Arc::new(conn);
         Engine {
             renewer: Renewer::new(Arc::clone(&conn)),
+            notifier: Notifier::new(conn.fred.clone()),
             conn,
             waiters: Waiters::default(),
         }

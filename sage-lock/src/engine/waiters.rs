@@ -1,37 +1,85 @@
-//! Tasks of this process waiting for a key, woken when this process releases it (so a local
-//! waiter does not have to wait for its next poll).
+//! Tasks of this process waiting for the same key: one of them (the leader) asks the server,
+//! the others wait their turn here, so a process never keeps more than one task polling the
+//! server per key, and its tasks queue on the server one at a time behind other processes'.
+//!
+//! The leader hands over as soon as it is granted (or gives up), so the next local task joins
+//! the server's queue while the lock is held. A release by this process wakes the leader.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use fred::bytes::Bytes;
 use tokio::sync::Notify;
 
-/// One notifier per key that local tasks wait on.
+/// Every key local tasks wait on.
 #[derive(Debug, Default)]
 pub(crate) struct Waiters {
-    by_key: Mutex<HashMap<Vec<u8>, Arc<Notify>>>,
+    by_key: Mutex<HashMap<Bytes, Arc<KeyWaiters>>>,
     /// How many tasks are registered (skips the lock on release when none).
     waiting: AtomicUsize,
 }
 
-impl Waiters {
-    /// The notifier local waiters for `lock_key` sleep on; hand it back with [`Waiters::forget`].
-    pub(crate) fn register(&self, lock_key: &[u8]) -> Arc<Notify> {
-        self.waiting.fetch_add(1, Ordering::Relaxed);
-        let Ok(mut by_key) = self.by_key.lock() else {
-            return Arc::new(Notify::new());
-        };
-        Arc::clone(
-            by_key
-                .entry(lock_key.to_vec())
-                .or_insert_with(|| Arc::new(Notify::new())),
-        )
+/// The local tasks waiting for one key.
+#[derive(Debug, Default)]
+pub(crate) struct KeyWaiters {
+    /// Whether a task is asking the server for this key.
+    leader: AtomicBool,
+    /// Followers wait here for the leader to hand over.
+    turn: Notify,
+    /// The leader waits here for a release by this process.
+    released: Notify,
+}
+
+impl KeyWaiters {
+    /// Becomes the key's leader if it has none.
+    pub(crate) fn try_lead(&self) -> bool {
+        self.leader
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
 
-    /// Drops the notifier for `lock_key` when no waiter holds it any more.
-    pub(crate) fn forget(&self, lock_key: &[u8], notify: Arc<Notify>) {
-        drop(notify);
+    /// Waits until this task is the leader (FIFO among followers). Cancel-safe: a hand-over
+    /// received by a dropped waiter passes on to the next one.
+    pub(crate) async fn lead(&self) {
+        loop {
+            let turn = self.turn.notified();
+            tokio::pin!(turn);
+            turn.as_mut().enable();
+            if self.try_lead() {
+                return;
+            }
+            turn.await;
+        }
+    }
+
+    /// Gives up leadership (idempotent per leader) and lets the next follower lead.
+    pub(crate) fn resign(&self) {
+        if self.leader.swap(false, Ordering::AcqRel) {
+            self.turn.notify_one();
+        }
+    }
+
+    /// Resolves when this process releases the key (or a permit is stored from a release that
+    /// came while the leader was busy).
+    pub(crate) fn released(&self) -> tokio::sync::futures::Notified<'_> {
+        self.released.notified()
+    }
+}
+
+impl Waiters {
+    /// The waiters of `lock_key`; hand them back with [`Waiters::leave`].
+    pub(crate) fn join(&self, lock_key: &Bytes) -> Arc<KeyWaiters> {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let Ok(mut by_key) = self.by_key.lock() else {
+            return Arc::new(KeyWaiters::default());
+        };
+        Arc::clone(by_key.entry(lock_key.clone()).or_default())
+    }
+
+    /// Drops the entry for `lock_key` when no task waits for it any more.
+    pub(crate) fn leave(&self, lock_key: &[u8], waiters: Arc<KeyWaiters>) {
+        drop(waiters);
         self.waiting.fetch_sub(1, Ordering::Relaxed);
         if let Ok(mut by_key) = self.by_key.lock()
             && by_key
@@ -42,24 +90,67 @@ impl Waiters {
         }
     }
 
-    /// Wakes one local waiter for `lock_key`, if any.
+    /// Whether any local task waits for any key (skips the bookkeeping when none).
+    pub(crate) fn any(&self) -> bool {
+        self.waiting.load(Ordering::Relaxed) > 0
+    }
+
+    /// Wakes the local leader for `lock_key`, if any.
     pub(crate) fn wake_one(&self, lock_key: &[u8]) {
         if self.waiting.load(Ordering::Relaxed) == 0 {
             return;
         }
-        let notify = self
+        let waiters = self
             .by_key
             .lock()
             .ok()
             .and_then(|w| w.get(lock_key).cloned());
-        if let Some(notify) = notify {
-            notify.notify_one();
+        if let Some(waiters) = waiters {
+            waiters.released.notify_one();
         }
     }
 
-    /// How many keys have a notifier (for tests of cancellation bookkeeping).
+    /// How many keys have local waiters (for tests of cancellation bookkeeping).
     #[cfg(test)]
     pub(crate) fn keys(&self) -> usize {
         self.by_key.lock().map_or(0, |w| w.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn one_leader_at_a_time_in_arrival_order() {
+        let waiters = Arc::new(Waiters::default());
+        let key = Bytes::from_static(b"k");
+        let first = waiters.join(&key);
+        assert!(first.try_lead());
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 0..3 {
+            let (w, key, order) = (Arc::clone(&waiters), key.clone(), Arc::clone(&order));
+            tasks.push(tokio::spawn(async move {
+                let kw = w.join(&key);
+                kw.lead().await;
+                order.lock().map(|mut o| o.push(i)).ok();
+                kw.resign();
+                w.leave(&key, kw);
+            }));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!first.try_lead(), "a second leader while the first leads");
+        first.resign();
+        waiters.leave(&key, first);
+        for task in tasks {
+            task.await.ok();
+        }
+        assert_eq!(
+            *order.lock().map(|o| o.clone()).unwrap_or_default(),
+            [0, 1, 2]
+        );
+        assert_eq!(waiters.keys(), 0);
     }
 }

@@ -1,7 +1,10 @@
 //! The mutex: [`Locks`], a family of exclusive locks, and the scripts behind it.
 //!
 //! A lock on key `k` is the string key `{ns:k}` holding the owner's token, with the lease as its
-//! TTL; its fencing counter is `{ns:k}:fence`.
+//! TTL; its fencing counter is `{ns:k}:fence`. Waiters queue in arrival order on the server:
+//! `{ns:k}:queue` (their tokens, oldest first) and `{ns:k}:waiters` (each one's deadline, so a
+//! dead waiter is skipped), and a release publishes the next waiter's token on
+//! `{ns:k}:released` (see [`crate::notify`]).
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -20,31 +23,129 @@ use crate::renewal::{HoldKind, RenewTarget};
 use crate::retry::millis;
 use crate::scripts::{Script, ScriptCall};
 
-/// Acquire: `SET NX PX` and, when granted, `INCR` the fencing counter, in one step.
+/// Drops dead waiters (deadline passed, or none) from the head of the queue; leaves the live
+/// head (or nil) in `head`. Needs `now` (server ms) set first.
+macro_rules! prune_head {
+    () => {
+        r"
+while head do
+  local due = tonumber(redis.call('ZSCORE', KEYS[4], head))
+  if due and due > now then break end
+  redis.call('LPOP', KEYS[3])
+  redis.call('ZREM', KEYS[4], head)
+  head = redis.call('LINDEX', KEYS[3], 0)
+end
+"
+    };
+}
+
+/// Acquire. KEYS: lock, fence, queue (list of waiting tokens, oldest first), deadlines (sorted
+/// set: token -> server ms after which the waiter counts as dead). ARGV: token, lease ms, waiter
+/// TTL ms (0: a try, which never queues).
 ///
+/// Grants (`SET NX PX` + `INCR` fence) only when the lock is free and the queue's live head is
+/// this token or nobody; a busy waiting caller joins the queue's tail (or refreshes its place).
 /// Replies `{1, fence}` when granted (also when the key already holds this token, so a retry
-/// after an unknown outcome is safe), or `{0, pttl}` when another owner holds it.
-const ACQUIRE: &str = r"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, redis.call('INCR', KEYS[2])}
+/// after an unknown outcome is safe), or `{0, ms}`: the holder's PTTL, or when free, how long the
+/// live head's place lasts.
+const ACQUIRE: &str = concat!(
+    r"
+local now
+local function clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local head = redis.call('LINDEX', KEYS[3], 0)
+if head then
+  now = clock()
+",
+    prune_head!(),
+    r"
+end
+if (not head) or head == ARGV[1] then
+  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    if head then
+      redis.call('LPOP', KEYS[3])
+      redis.call('ZREM', KEYS[4], head)
+    end
+    return {1, redis.call('INCR', KEYS[2])}
+  end
 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
-return {0, redis.call('PTTL', KEYS[1])}
-";
-
-/// Release: `DEL` only while the key still holds this token. Replies 1 or 0.
-const RELEASE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+local ttl = tonumber(ARGV[3])
+if ttl > 0 then
+  now = now or clock()
+  if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then
+    redis.call('RPUSH', KEYS[3], ARGV[1])
+  end
+  redis.call('ZADD', KEYS[4], now + ttl, ARGV[1])
+  redis.call('PEXPIRE', KEYS[3], 2 * ttl)
+  redis.call('PEXPIRE', KEYS[4], 2 * ttl)
+  head = head or ARGV[1]
 end
-return 0
-";
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl < 0 and head then
+  pttl = math.max(0, tonumber(redis.call('ZSCORE', KEYS[4], head) or now) - now)
+end
+return {0, pttl}
+"
+);
+
+/// Release. KEYS as for acquire; ARGV: token, release channel. Deletes the lock while it holds
+/// this token and takes the token out of the queue; if that freed the lock or changed the head,
+/// publishes the live head's token on the channel (`SPUBLISH`, under `pcall` so a server or ACL
+/// without sharded pub/sub only costs waiters a poll). Replies 1 when it removed the hold.
+const RELEASE: &str = concat!(
+    r"
+local released = 0
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  released = 1
+end
+local left = redis.call('ZREM', KEYS[4], ARGV[1])
+if left == 1 then
+  redis.call('LREM', KEYS[3], 1, ARGV[1])
+end
+if released == 0 and (left == 0 or redis.call('EXISTS', KEYS[1]) == 1) then
+  return 0
+end
+local head = redis.call('LINDEX', KEYS[3], 0)
+if head then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+",
+    prune_head!(),
+    r"
+  if head then
+    redis.pcall('SPUBLISH', ARGV[2], head)
+  end
+end
+return released
+"
+);
 
 static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
 static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
+
+/// The keys of one mutex's scripts: lock, fence, waiter queue, waiter deadlines.
+fn script_keys(keys: &LockKeys) -> Vec<Bytes> {
+    vec![
+        keys.lock.clone(),
+        keys.fence.clone(),
+        suffixed(&keys.lock, b":queue"),
+        suffixed(&keys.lock, b":waiters"),
+    ]
+}
+
+fn suffixed(key: &[u8], suffix: &[u8]) -> Bytes {
+    let mut name = Vec::with_capacity(key.len() + suffix.len());
+    name.extend_from_slice(key);
+    name.extend_from_slice(suffix);
+    Bytes::from(name)
+}
 
 /// The mutex's rules: one owner at a time.
 #[derive(Debug)]
@@ -52,12 +153,34 @@ pub(crate) struct MutexRules;
 
 impl Rules for MutexRules {
     fn acquire_call(&self, keys: &LockKeys, token: &Bytes, lease: Duration) -> ScriptCall<'static> {
-        let args = vec![Value::Bytes(token.clone()), Value::Integer(millis(lease))];
-        ACQUIRE_SCRIPT.on_lock(keys, args)
+        self.wait_call(keys, token, lease, Duration::ZERO)
+    }
+
+    fn wait_call(
+        &self,
+        keys: &LockKeys,
+        token: &Bytes,
+        lease: Duration,
+        waiter_ttl: Duration,
+    ) -> ScriptCall<'static> {
+        let args = vec![
+            Value::Bytes(token.clone()),
+            Value::Integer(millis(lease)),
+            Value::Integer(if waiter_ttl.is_zero() {
+                0
+            } else {
+                millis(waiter_ttl)
+            }),
+        ];
+        ACQUIRE_SCRIPT.call(keys.slot, script_keys(keys), args)
     }
 
     fn release_call(&self, keys: &LockKeys, token: &Bytes) -> ScriptCall<'static> {
-        RELEASE_SCRIPT.on_lock(keys, vec![Value::Bytes(token.clone())])
+        let args = vec![
+            Value::Bytes(token.clone()),
+            Value::Bytes(crate::notify::channel(&keys.lock)),
+        ];
+        RELEASE_SCRIPT.call(keys.slot, script_keys(keys), args)
     }
 
     fn renew_target(&self, keys: &LockKeys) -> RenewTarget {
@@ -65,6 +188,10 @@ impl Rules for MutexRules {
             key: keys.lock.clone(),
             kind: HoldKind::Owner,
         }
+    }
+
+    fn notifies(&self) -> bool {
+        true
     }
 }
 

@@ -1,0 +1,375 @@
+//! Release notifications over sharded pub/sub.
+//!
+//! When a lock whose waiters queue on the server is released, the release script publishes the
+//! token of the new head of the queue on the lock's channel `{ns:key}:released` (`SPUBLISH`, in
+//! the key's own hash slot, so a cluster delivers it within one shard). One subscriber
+//! connection per client, opened on first need, multiplexes the channels of every key this
+//! process waits on; the waiting task named by a message tries again at once instead of at its
+//! next poll. Subscriptions outlive their last waiter by [`LINGER`] (so steady contention does
+//! not pay a subscribe per wait), then are dropped: they stay bounded by the keys waited on.
+//!
+//! Notifications are an optimisation, never needed for correctness: waiters keep polling at a
+//! bounded interval, so a message lost to a reconnect, a failover or a missing ACL permission
+//! costs at most one poll. After the subscriber reconnects, it subscribes again and wakes every
+//! waiter once (releases may have slipped past while it was away).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use fred::bytes::Bytes;
+use fred::clients::Client;
+use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
+use fred::types::config::ReconnectPolicy;
+use tokio::sync::{Notify, OnceCell};
+use tokio::time::Instant;
+
+/// How long a channel stays subscribed after its last local waiter left.
+pub(crate) const LINGER: Duration = Duration::from_secs(2);
+/// The suffix of a lock's release channel.
+const SUFFIX: &[u8] = b":released";
+
+/// The release channel of the lock stored at `lock_key` (same hash slot as the key).
+pub(crate) fn channel(lock_key: &[u8]) -> Bytes {
+    let mut name = Vec::with_capacity(lock_key.len() + SUFFIX.len());
+    name.extend_from_slice(lock_key);
+    name.extend_from_slice(SUFFIX);
+    Bytes::from(name)
+}
+
+/// One client's subscriber connection and the channels its waiters watch.
+#[derive(Debug)]
+pub(crate) struct Notifier {
+    /// The client whose configuration the subscriber copies.
+    template: Client,
+    shared: Arc<Shared>,
+    subscriber: OnceCell<Client>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    channels: Mutex<HashMap<Bytes, Channel>>,
+}
+
+#[derive(Debug)]
+struct Channel {
+    /// Woken when a message names `token`.
+    wake: Arc<Notify>,
+    /// The token of the local task that waits on the server for this key.
+    token: Option<Bytes>,
+    /// Live [`Watch`]es.
+    users: usize,
+    /// Confirmed by the server (and not lost to a reconnect since).
+    subscribed: bool,
+    /// When the last watch left.
+    idle_since: Instant,
+}
+
+/// Whether a watch's channel is subscribed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Subscribed {
+    /// It was before this call: no release can have slipped past unnoticed.
+    Already,
+    /// Just now: a release may have happened before, so try again once.
+    New,
+    /// Notifications are unavailable (connection, ACL, server version): poll.
+    Unavailable,
+}
+
+impl Notifier {
+    /// A notifier whose subscriber connection copies `template`'s configuration.
+    pub(crate) fn new(template: Client) -> Self {
+        Notifier {
+            template,
+            shared: Arc::default(),
+            subscriber: OnceCell::new(),
+        }
+    }
+
+    /// Watches the release channel of `lock_key` on behalf of the local waiter with `token`.
+    pub(crate) fn watch(&self, lock_key: &[u8], token: Bytes) -> Watch<'_> {
+        let channel = channel(lock_key);
+        let wake = match self.shared.channels.lock() {
+            Ok(mut channels) => {
+                let entry = channels.entry(channel.clone()).or_insert_with(|| Channel {
+                    wake: Arc::new(Notify::new()),
+                    token: None,
+                    users: 0,
+                    subscribed: false,
+                    idle_since: Instant::now(),
+                });
+                entry.users += 1;
+                entry.token = Some(token);
+                Arc::clone(&entry.wake)
+            }
+            Err(_) => Arc::new(Notify::new()),
+        };
+        Watch {
+            notifier: self,
+            channel,
+            wake,
+        }
+    }
+
+    /// Closes the subscriber connection, if one was opened.
+    pub(crate) async fn close(&self) {
+        if let Some(subscriber) = self.subscriber.get() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), subscriber.quit()).await;
+        }
+    }
+
+    /// How many channels are tracked (subscribed or lingering), for tests.
+    #[cfg(test)]
+    pub(crate) fn tracked(&self) -> usize {
+        self.shared.channels.lock().map_or(0, |c| c.len())
+    }
+
+    async fn subscriber(&self, deadline: Instant) -> Option<&Client> {
+        let connect = self.subscriber.get_or_try_init(|| async {
+            let policy = self
+                .template
+                .client_reconnect_policy()
+                .unwrap_or_else(|| ReconnectPolicy::new_exponential(0, 20, 1_000, 2));
+            let mut perf = self.template.perf_config();
+            // A burst of releases must not overflow the message channel.
+            perf.broadcast_channel_capacity = perf.broadcast_channel_capacity.max(1024);
+            let client = Client::new(
+                self.template.client_config(),
+                Some(perf),
+                Some(self.template.connection_config().clone()),
+                Some(policy),
+            );
+            match client.init().await {
+                Ok(_task) => {
+                    // Listening starts after the initial connection (which fred also reports as
+                    // a reconnect) and before any subscription.
+                    spawn_listener(&client, Arc::downgrade(&self.shared));
+                    Ok(client)
+                }
+                Err(error) => {
+                    let _ = tokio::time::timeout(Duration::from_secs(1), client.quit()).await;
+                    Err(error)
+                }
+            }
+        });
+        match tokio::time::timeout_at(deadline, connect).await {
+            Ok(Ok(client)) => Some(client),
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "no subscriber connection; waiters poll");
+                None
+            }
+            Err(_) => None,
+        }
+    }
+}
+
+/// One local waiter's interest in a key's release channel; dropped, it lets the channel linger
+/// and then be unsubscribed.
+#[derive(Debug)]
+pub(crate) struct Watch<'a> {
+    notifier: &'a Notifier,
+    channel: Bytes,
+    wake: Arc<Notify>,
+}
+
+impl Watch<'_> {
+    /// Makes sure the channel is subscribed, spending at most until `deadline`.
+    pub(crate) async fn subscribe(&self, deadline: Instant) -> Subscribed {
+        let shared = &self.notifier.shared;
+        if is_subscribed(shared, &self.channel) {
+            return Subscribed::Already;
+        }
+        let Some(subscriber) = self.notifier.subscriber(deadline).await else {
+            return Subscribed::Unavailable;
+        };
+        let subscribe = subscriber.ssubscribe(self.channel.clone());
+        match tokio::time::timeout_at(deadline, subscribe).await {
+            Ok(Ok(())) => {
+                if let Ok(mut channels) = shared.channels.lock()
+                    && let Some(entry) = channels.get_mut(&self.channel)
+                {
+                    entry.subscribed = true;
+                }
+                Subscribed::New
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "SSUBSCRIBE failed; waiters poll (grant ssubscribe and the channel to the ACL user)");
+                Subscribed::Unavailable
+            }
+            Err(_) => Subscribed::Unavailable,
+        }
+    }
+
+    /// Resolves when a release names this waiter as the next owner (or a permit is stored).
+    pub(crate) fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.wake.notified()
+    }
+}
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut channels) = self.notifier.shared.channels.lock()
+            && let Some(entry) = channels.get_mut(&self.channel)
+        {
+            entry.users = entry.users.saturating_sub(1);
+            if entry.users == 0 {
+                entry.token = None;
+                entry.idle_since = Instant::now();
+                if !entry.subscribed {
+                    channels.remove(&self.channel);
+                }
+            }
+        }
+    }
+}
+
+fn is_subscribed(shared: &Shared, channel: &[u8]) -> bool {
+    shared
+        .channels
+        .lock()
+        .is_ok_and(|c| c.get(channel).is_some_and(|e| e.subscribed))
+}
+
+/// Reads messages and reconnects of `client` until it closes or the notifier is gone; drops
+/// channels that lingered idle.
+fn spawn_listener(client: &Client, shared: Weak<Shared>) {
+    let mut messages = client.message_rx();
+    let mut reconnects = client.reconnect_rx();
+    let client = client.clone();
+    tokio::spawn(async move {
+        let mut sweep = tokio::time::interval(LINGER / 2);
+        loop {
+            tokio::select! {
+                message = messages.recv() => match message {
+                    Ok(message) => {
+                        let Some(shared) = shared.upgrade() else { return };
+                        deliver(&shared, message.channel.as_bytes(), &message.value);
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        let Some(shared) = shared.upgrade() else { return };
+                        wake_all(&shared);
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                },
+                reconnect = reconnects.recv() => {
+                    if matches!(reconnect, Err(tokio::sync::broadcast::error::RecvError::Closed)) {
+                        return;
+                    }
+                    let Some(shared) = shared.upgrade() else { return };
+                    resubscribe(&client, &shared).await;
+                }
+                _ = sweep.tick() => {
+                    let Some(shared) = shared.upgrade() else { return };
+                    unsubscribe_idle(&client, &shared).await;
+                }
+            }
+        }
+    });
+}
+
+fn deliver(shared: &Shared, channel: &[u8], payload: &fred::types::Value) {
+    let Some(head) = payload.as_bytes() else {
+        return;
+    };
+    if let Ok(channels) = shared.channels.lock()
+        && let Some(entry) = channels.get(channel)
+        && entry.token.as_deref() == Some(head)
+    {
+        entry.wake.notify_one();
+    }
+}
+
+fn wake_all(shared: &Shared) {
+    if let Ok(channels) = shared.channels.lock() {
+        for entry in channels.values().filter(|e| e.users > 0) {
+            entry.wake.notify_one();
+        }
+    }
+}
+
+/// After a reconnect the server has forgotten the subscriptions: subscribe again (one command
+/// per channel, which stays valid if slots moved) and wake every waiter once.
+async fn resubscribe(client: &Client, shared: &Shared) {
+    let channels: Vec<Bytes> = match shared.channels.lock() {
+        Ok(mut channels) => {
+            channels.retain(|_, e| e.users > 0);
+            channels.values_mut().for_each(|e| e.subscribed = false);
+            channels.keys().cloned().collect()
+        }
+        Err(_) => return,
+    };
+    for channel in channels {
+        let ok = matches!(
+            tokio::time::timeout(Duration::from_secs(1), client.ssubscribe(channel.clone())).await,
+            Ok(Ok(()))
+        );
+        if ok
+            && let Ok(mut channels) = shared.channels.lock()
+            && let Some(entry) = channels.get_mut(&channel)
+        {
+            entry.subscribed = true;
+        }
+    }
+    wake_all(shared);
+}
+
+async fn unsubscribe_idle(client: &Client, shared: &Shared) {
+    let idle: Vec<Bytes> = match shared.channels.lock() {
+        Ok(mut channels) => {
+            let idle: Vec<Bytes> = channels
+                .iter()
+                .filter(|(_, e)| e.users == 0 && e.idle_since.elapsed() >= LINGER)
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in &idle {
+                channels.remove(name);
+            }
+            idle
+        }
+        Err(_) => return,
+    };
+    for channel in idle {
+        let _ = tokio::time::timeout(Duration::from_secs(1), client.sunsubscribe(channel)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channel_shares_the_key_slot() {
+        let name = channel(b"{lock:a}");
+        assert_eq!(&name[..], b"{lock:a}:released");
+        assert_eq!(
+            fred::util::redis_keyslot(&name),
+            fred::util::redis_keyslot(b"{lock:a}")
+        );
+    }
+
+    #[test]
+    fn watches_are_counted_and_unsubscribed_channels_forgotten() {
+        let notifier = Notifier::new(Client::default());
+        let a = notifier.watch(b"{l:a}", Bytes::from_static(b"t1"));
+        let b = notifier.watch(b"{l:a}", Bytes::from_static(b"t2"));
+        assert_eq!(notifier.tracked(), 1);
+        drop(a);
+        assert_eq!(notifier.tracked(), 1);
+        drop(b);
+        assert_eq!(notifier.tracked(), 0);
+    }
+
+    #[tokio::test]
+    async fn only_the_named_token_is_woken() {
+        let notifier = Notifier::new(Client::default());
+        let watch = notifier.watch(b"{l:a}", Bytes::from_static(b"mine"));
+        let other = fred::types::Value::from("theirs");
+        deliver(&notifier.shared, b"{l:a}:released", &other);
+        let woken = tokio::time::timeout(Duration::from_millis(20), watch.notified()).await;
+        assert!(woken.is_err(), "woken by another waiter's notification");
+        let mine = fred::types::Value::from("mine");
+        deliver(&notifier.shared, b"{l:a}:released", &mine);
+        let woken = tokio::time::timeout(Duration::from_millis(200), watch.notified()).await;
+        assert!(woken.is_ok());
+    }
+}
