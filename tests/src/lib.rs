@@ -14,6 +14,7 @@
 //! functions start one of each per kind per test binary, lazily; tests that kill, pause or
 //! reconfigure servers must start their own instead.
 
+pub mod chaos;
 mod resp;
 mod server;
 mod topology;

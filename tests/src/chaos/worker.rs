@@ -1,0 +1,280 @@
+//! Worker mode of the `chaos` binary: one process, [`TASKS_PER_WORKER`] tasks contending for the
+//! hot and cold keys through sage-lock's public API, each critical section a fenced
+//! read-modify-write on the store. Everything is recorded to the process's history file.
+//!
+//! Control over stdin: the line `stop` ends the tasks, runs the recovery probe, quits the client
+//! and answers `stopped` on stdout; the process then exits at `exit` or end of input.
+
+use std::io::{BufRead as _, Write as _};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng as _};
+use sage_lock::{LockClient, LockError, LockOptions, Locks, LossReason, TimeoutReason};
+use tokio::sync::Notify;
+
+use super::history::{Event, History, PROCESS, WriteOutcome, field_text};
+use super::store::StoreClient;
+use super::{COLD_KEYS, HOT_KEYS, NAMESPACE, TASKS_PER_WORKER};
+
+/// A runtime pause longer than this is recorded as a stall.
+const STALL: Duration = Duration::from_millis(60);
+const TICK: Duration = Duration::from_millis(10);
+
+/// What one worker process is told by the coordinator.
+#[derive(Clone, Debug)]
+pub struct WorkerArgs {
+    pub url: String,
+    pub replicated: bool,
+    pub store_port: u16,
+    pub history: PathBuf,
+    pub lease: Duration,
+    pub seed: u64,
+    /// Worker slot (the probe key is per slot).
+    pub slot: u32,
+}
+
+/// Runs the worker until told to stop; `Err` only when it cannot start.
+pub async fn run(args: WorkerArgs) -> Result<(), String> {
+    let history = Arc::new(History::create(&args.history)?);
+    history.record(PROCESS, Event::Start(std::process::id()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = Arc::new(Notify::new());
+    let exit = Arc::new(Notify::new());
+    spawn_stdin_reader(stop.clone(), stopped.clone(), exit.clone());
+    tokio::spawn(stall_detector(history.clone()));
+
+    let client = connect(&args).await?;
+    let locks = client
+        .lock_with::<str>(LockOptions::new().namespace(NAMESPACE).lease(args.lease))
+        .map_err(|e| format!("lock options: {e}"))?;
+    let store = Arc::new(StoreClient::connect(args.store_port).await?);
+
+    let mut tasks = Vec::new();
+    for task in 0..TASKS_PER_WORKER {
+        let ctx = TaskCtx {
+            task,
+            locks: locks.clone(),
+            store: store.clone(),
+            history: history.clone(),
+            lease: args.lease,
+        };
+        let rng = StdRng::seed_from_u64(args.seed ^ (u64::from(args.slot) << 32) ^ u64::from(task));
+        tasks.push(tokio::spawn(ctx.run(rng, stop.clone(), stopped.clone())));
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+    probe(&locks, &history, args.slot, args.lease).await;
+    client.quit().await;
+    store.quit().await;
+    println!("stopped");
+    let _ = std::io::stdout().flush();
+    exit.notified().await;
+    Ok(())
+}
+
+async fn connect(args: &WorkerArgs) -> Result<LockClient, String> {
+    // A worker respawned during a fault may find the servers down for a while.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let result = LockClient::builder()
+            .url(&args.url)
+            .replicated(args.replicated)
+            .command_timeout((args.lease * 2).max(Duration::from_secs(1)))
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await;
+        match result {
+            Ok(client) => return Ok(client),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return Err(format!("connecting to {}: {e}", args.url));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// `stop` sets the flag and wakes waiting tasks; `exit` or end of input lets the process exit.
+fn spawn_stdin_reader(stop: Arc<AtomicBool>, stopped: Arc<Notify>, exit: Arc<Notify>) {
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        for line in stdin.lock().lines() {
+            match line.as_deref().map(str::trim) {
+                Ok("stop") => {
+                    stop.store(true, Ordering::SeqCst);
+                    stopped.notify_waiters();
+                }
+                Ok("exit") | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        stop.store(true, Ordering::SeqCst);
+        stopped.notify_waiters();
+        exit.notify_one();
+    });
+}
+
+/// Records every gap longer than [`STALL`] in the runtime's progress (CPU starvation, SIGSTOP).
+async fn stall_detector(history: Arc<History>) {
+    let mut last = std::time::Instant::now();
+    loop {
+        tokio::time::sleep(TICK).await;
+        let now = std::time::Instant::now();
+        let gap = now.duration_since(last);
+        if gap > STALL + TICK {
+            let ms = u64::try_from(gap.as_millis()).unwrap_or(u64::MAX);
+            history.record(PROCESS, Event::Stall { ms });
+        }
+        last = now;
+    }
+}
+
+/// The recovery check: one acquisition of this worker's own key within 2 × lease.
+async fn probe(locks: &Locks<str>, history: &History, slot: u32, lease: Duration) {
+    let started = std::time::Instant::now();
+    let key = format!("probe-{slot}");
+    let result = locks.with_lock(key.as_str(), lease * 2, async {}).await;
+    let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    history.record(
+        PROCESS,
+        Event::Probe {
+            ok: result.is_ok(),
+            ms,
+        },
+    );
+}
+
+struct TaskCtx {
+    task: u32,
+    locks: Locks<str>,
+    store: Arc<StoreClient>,
+    history: Arc<History>,
+    lease: Duration,
+}
+
+impl TaskCtx {
+    async fn run(self, mut rng: StdRng, stop: Arc<AtomicBool>, stopped: Arc<Notify>) {
+        while !stop.load(Ordering::SeqCst) {
+            let key = if rng.random_bool(0.7) {
+                HOT_KEYS[rng.random_range(0..HOT_KEYS.len())]
+            } else {
+                COLD_KEYS[rng.random_range(0..COLD_KEYS.len())]
+            };
+            let try_lock = rng.random_bool(0.2);
+            // Most bodies are short; some span several renewals.
+            let hold = match rng.random_range(0..100) {
+                0..85 => Duration::from_millis(rng.random_range(1..15)),
+                85..96 => self.lease.mul_f64(rng.random_range(0.3..1.0)),
+                _ => self.lease.mul_f64(rng.random_range(1.0..2.5)),
+            };
+            let wait = self.lease.mul_f64(rng.random_range(0.5..3.0));
+            self.once(key, try_lock, hold, wait).await;
+            let pause = Duration::from_millis(rng.random_range(0..20));
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = stopped.notified() => {}
+            }
+        }
+    }
+
+    async fn once(&self, key: &str, try_lock: bool, hold: Duration, wait: Duration) {
+        self.history.record(
+            self.task,
+            Event::Invoke {
+                key: key.to_owned(),
+                try_lock,
+            },
+        );
+        let body = self.body(key, hold);
+        let event = if try_lock {
+            match self.locks.try_with_lock(key, body).await {
+                Ok(Some(())) => Event::Released {
+                    key: key.to_owned(),
+                },
+                Ok(None) => Event::Busy {
+                    key: key.to_owned(),
+                },
+                Err(e) => error_event(key, &e),
+            }
+        } else {
+            match self.locks.with_lock(key, wait, body).await {
+                Ok(()) => Event::Released {
+                    key: key.to_owned(),
+                },
+                Err(e) => error_event(key, &e),
+            }
+        };
+        self.history.record(self.task, event);
+    }
+
+    /// The critical section: fenced read, hold, fenced write of the value plus one.
+    async fn body(&self, key: &str, hold: Duration) {
+        let lease = sage_lock::current_lease();
+        let token = lease.as_ref().map_or(0, sage_lock::Lease::fencing_token);
+        self.history.record(
+            self.task,
+            Event::Acquired {
+                key: key.to_owned(),
+                token,
+            },
+        );
+        let write = match self.store.read(key, token).await {
+            Ok(Some(value)) => {
+                tokio::time::sleep(hold).await;
+                match self.store.write(key, token, value + 1).await {
+                    Ok(true) => WriteOutcome::Accepted,
+                    Ok(false) => WriteOutcome::Rejected,
+                    Err(_) => WriteOutcome::Failed,
+                }
+            }
+            Ok(None) => WriteOutcome::ReadRejected,
+            Err(_) => WriteOutcome::Failed,
+        };
+        self.history.record(
+            self.task,
+            Event::Done {
+                key: key.to_owned(),
+                token,
+                write,
+                valid: lease.as_ref().is_some_and(sage_lock::Lease::is_valid),
+            },
+        );
+    }
+}
+
+fn error_event(key: &str, error: &LockError) -> Event {
+    let kind = match error {
+        LockError::LockLost { reason, .. } => format!(
+            "lock_lost:{}",
+            match reason {
+                LossReason::NotOwner => "not_owner",
+                LossReason::RenewalFailed(_) => "renewal_failed",
+                LossReason::NotAcknowledged { .. } => "not_acknowledged",
+                LossReason::RoleChanged(_) => "role_changed",
+                LossReason::ExpiredBeforeStart => "expired_before_start",
+                _ => "other",
+            }
+        ),
+        LockError::TimedOut { reason, .. } => format!(
+            "timed_out:{}",
+            match reason {
+                TimeoutReason::Busy => "busy",
+                TimeoutReason::NotAcknowledged { .. } => "not_acknowledged",
+                TimeoutReason::Unavailable(_) => "unavailable",
+                TimeoutReason::PoolExhausted { .. } => "pool_exhausted",
+                _ => "other",
+            }
+        ),
+        LockError::Backend { context, .. } => format!("backend:{}", field_text(context)),
+        LockError::InvalidArgument { argument, .. } => format!("invalid:{argument}"),
+        _ => "other".to_owned(),
+    };
+    Event::Error {
+        key: key.to_owned(),
+        kind,
+    }
+}
