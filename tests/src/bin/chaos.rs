@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run -p sage-lock-tests --release --bin chaos -- \
 //!     --topology standalone|replicated|sentinel|cluster --server redis|valkey --seconds N --seed S \
-//!     [--lease-ms MS]
+//!     [--lease-ms MS] [--without FAULT,FAULT..]
 //! ```
 //!
 //! Prints `chaos: F faults, N critical sections, V violations, L late loss reports, K leaked keys,
@@ -17,11 +17,12 @@ use std::time::Duration;
 
 use harness::ServerKind;
 use harness::chaos::Topology;
+use harness::chaos::faults::FaultKind;
 use harness::chaos::run::{RunArgs, coordinate};
 use harness::chaos::worker::{self, WorkerArgs};
 
 const USAGE: &str = "usage: chaos --topology standalone|replicated|sentinel|cluster \
-                     --server redis|valkey --seconds N --seed S [--lease-ms MS]";
+                     --server redis|valkey --seconds N --seed S [--lease-ms MS] [--without FAULT,FAULT..]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -70,7 +71,9 @@ fn number<T: std::str::FromStr>(map: &HashMap<String, String>, name: &str) -> Re
 
 fn run_coordinator(args: &[String]) -> Result<i32, String> {
     let map = options(args)?;
-    let known = ["topology", "server", "seconds", "seed", "lease-ms"];
+    let known = [
+        "topology", "server", "seconds", "seed", "lease-ms", "without",
+    ];
     if let Some(unknown) = map.keys().find(|k| !known.contains(&k.as_str())) {
         return Err(format!("unknown option --{unknown}; {USAGE}"));
     }
@@ -89,6 +92,13 @@ fn run_coordinator(args: &[String]) -> Result<i32, String> {
             "--lease-ms {lease_ms} is too short: use at least 100"
         ));
     }
+    let without = match map.get("without") {
+        Some(list) => list
+            .split(',')
+            .map(|name| FaultKind::parse(name.trim()))
+            .collect::<Result<Vec<_>, _>>()?,
+        None => Vec::new(),
+    };
     let exe = std::env::current_exe().map_err(|e| format!("finding the chaos executable: {e}"))?;
     coordinate(&RunArgs {
         topology: Topology::parse(get(&map, "topology")?)?,
@@ -97,6 +107,7 @@ fn run_coordinator(args: &[String]) -> Result<i32, String> {
         seed: number(&map, "seed")?,
         lease: Duration::from_millis(lease_ms),
         exe,
+        without,
     })
 }
 

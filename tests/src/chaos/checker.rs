@@ -98,6 +98,7 @@ pub fn check(
     }
     report.sections = sections.len();
     check_overlaps(&sections, &pauses, &faults, lease_ns, &mut report);
+    check_tokens(&sections, histories, &mut report);
     check_losses(histories, &pauses, &faults, lease_ns, &mut report);
     check_store(store, &accepted_seen, &mut report);
     check_probes(histories, lease_ns, &mut report);
@@ -215,6 +216,28 @@ fn check_overlaps(
                 report.count(format!("overlaps explained by {reason}"));
             }
             active.push(s);
+        }
+    }
+}
+
+/// A fencing token must never be granted twice for one key (it would let two holders past the
+/// store's fence).
+fn check_tokens(sections: &[Section], histories: &[ProcessHistory], report: &mut Report) {
+    let mut seen: HashMap<(&str, u64), &Section> = HashMap::new();
+    for s in sections {
+        if let Some(first) = seen.insert((s.key.as_str(), s.token), s) {
+            report.violations.push(format!(
+                "fencing token {} on {} granted twice: {} task {} at {:.1} ms and {} task {} at \
+                 {:.1} ms",
+                s.token,
+                s.key,
+                histories[first.process].name,
+                first.task,
+                as_ms(first.start),
+                histories[s.process].name,
+                s.task,
+                as_ms(s.start)
+            ));
         }
     }
 }

@@ -62,6 +62,33 @@ impl FaultKind {
         }
     }
 
+    /// Every kind, for parsing.
+    pub const ALL: [FaultKind; 12] = [
+        FaultKind::KillHolder,
+        FaultKind::PauseHolder,
+        FaultKind::ClientKill,
+        FaultKind::ScriptFlush,
+        FaultKind::RestartServer,
+        FaultKind::PauseReplica,
+        FaultKind::SentinelFailover,
+        FaultKind::ClusterFailover,
+        FaultKind::SlotMigration,
+        FaultKind::Latency,
+        FaultKind::DropConnections,
+        FaultKind::Blackhole,
+    ];
+
+    /// Parses a name as printed by [`FaultKind::name`].
+    pub fn parse(text: &str) -> Result<FaultKind, String> {
+        FaultKind::ALL
+            .into_iter()
+            .find(|k| k.name() == text)
+            .ok_or_else(|| {
+                let names: Vec<&str> = FaultKind::ALL.iter().map(|k| k.name()).collect();
+                format!("unknown fault {text:?}: use one of {}", names.join(", "))
+            })
+    }
+
     pub fn class(self) -> Class {
         match self {
             FaultKind::KillHolder | FaultKind::PauseHolder => Class::Process,
@@ -143,9 +170,21 @@ pub struct FaultRecord {
 /// The schedule for `seconds` of nemesis: faults with gaps of 0.2-1.2 s, a quarter of them
 /// starting while the previous one still runs (the nemesis runs one fault per [`Class`] at a
 /// time, so an overlapping fault of the same class waits for the first).
-pub fn plan(topology: Topology, seed: u64, seconds: u64, lease: Duration) -> Vec<Planned> {
+pub fn plan(
+    topology: Topology,
+    seed: u64,
+    seconds: u64,
+    lease: Duration,
+    without: &[FaultKind],
+) -> Vec<Planned> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let kinds = FaultKind::for_topology(topology);
+    let kinds: Vec<(FaultKind, u32)> = FaultKind::for_topology(topology)
+        .into_iter()
+        .filter(|(k, _)| !without.contains(k))
+        .collect();
+    if kinds.is_empty() {
+        return Vec::new();
+    }
     let total: u32 = kinds.iter().map(|(_, w)| w).sum();
     let end = Duration::from_secs(seconds);
     let mut at = Duration::from_millis(500);

@@ -29,6 +29,8 @@ pub struct RunArgs {
     pub lease: Duration,
     /// The `chaos` executable (re-executed as workers).
     pub exe: PathBuf,
+    /// Fault kinds left out of the schedule.
+    pub without: Vec<FaultKind>,
 }
 
 /// Runs the whole suite; returns the process exit code.
@@ -62,7 +64,13 @@ pub fn coordinate(args: &RunArgs) -> Result<i32, String> {
     std::thread::sleep(Duration::from_millis(1000));
     let rss_first = lock(&fleet).rss();
 
-    let plan = faults::plan(args.topology, args.seed, args.seconds, args.lease);
+    let plan = faults::plan(
+        args.topology,
+        args.seed,
+        args.seconds,
+        args.lease,
+        &args.without,
+    );
     let started = Instant::now();
     let until = started + Duration::from_secs(args.seconds);
     let records = Nemesis::new(&deploy, &fleet, until).run(&plan, started);
