@@ -8,6 +8,7 @@
 //!   (restart, failover) whose window, plus one lease, meets the overlap. Anything else is a
 //!   violation. Recorded sections lie inside the real holding intervals (acquired is recorded
 //!   after the grant, done before the release), so a recorded overlap is a real one.
+//! - Fencing tokens: no token is granted twice for one key, except after a data-losing fault.
 //! - Loss reports: every `LockLost` must come within lease/3 + the detection bound of a cause:
 //!   the end of a pause of its process (bound 0), or a server or network fault (bound: the
 //!   fault's duration plus one lease, the longest a usable lease can outlive its last renewal),
@@ -98,7 +99,7 @@ pub fn check(
     }
     report.sections = sections.len();
     check_overlaps(&sections, &pauses, &faults, lease_ns, &mut report);
-    check_tokens(&sections, histories, &mut report);
+    check_tokens(&sections, histories, &faults, &mut report);
     check_losses(histories, &pauses, &faults, lease_ns, &mut report);
     check_store(store, &accepted_seen, &mut report);
     check_probes(histories, lease_ns, &mut report);
@@ -221,11 +222,27 @@ fn check_overlaps(
 }
 
 /// A fencing token must never be granted twice for one key (it would let two holders past the
-/// store's fence).
-fn check_tokens(sections: &[Section], histories: &[ProcessHistory], report: &mut Report) {
+/// store's fence), unless a data-losing fault (the counter is a key like any other: a restart
+/// without persistence or a failover can lose its last increments) came between the two grants;
+/// those are counted, and the store checks still apply to them.
+fn check_tokens(
+    sections: &[Section],
+    histories: &[ProcessHistory],
+    faults: &[&FaultRecord],
+    report: &mut Report,
+) {
     let mut seen: HashMap<(&str, u64), &Section> = HashMap::new();
-    for s in sections {
+    let mut sorted: Vec<&Section> = sections.iter().collect();
+    sorted.sort_by_key(|s| s.start);
+    for s in sorted {
         if let Some(first) = seen.insert((s.key.as_str(), s.token), s) {
+            let data_loss = faults
+                .iter()
+                .any(|f| f.kind.loses_data() && f.start < s.start && f.end > first.start);
+            if data_loss {
+                report.count("fencing tokens granted again after a data-losing fault");
+                continue;
+            }
             report.violations.push(format!(
                 "fencing token {} on {} granted twice: {} task {} at {:.1} ms and {} task {} at \
                  {:.1} ms",
