@@ -74,10 +74,14 @@ pub(crate) struct Args {
     pub(crate) try_lock: bool,
     pub(crate) client: Option<Expr>,
     pub(crate) krate: Option<syn::Path>,
+    /// `hold_at_least = "30s"` (zero allowed: off).
+    pub(crate) hold_at_least: Option<DurationArg>,
+    /// `reentrant` (a flag without a value).
+    pub(crate) reentrant: bool,
 }
 
 /// The argument names, for "did you mean" hints.
-const NAMES: [&str; 9] = [
+const NAMES: [&str; 11] = [
     "key",
     "profile",
     "wait",
@@ -87,6 +91,8 @@ const NAMES: [&str; 9] = [
     "try_lock",
     "client",
     "crate",
+    "hold_at_least",
+    "reentrant",
 ];
 
 /// Common names users reach for, and the argument they mean.
@@ -110,6 +116,9 @@ fn alias(name: &str) -> Option<&'static str> {
         "locks" | "lock_client" | "conn" | "connection" | "redis" => "client",
         "keys" | "name" | "resource" | "template" => "key",
         "config" | "settings" | "preset" | "profile_name" | "profiles" => "profile",
+        "lock_at_least" | "lock_at_least_for" | "at_least" | "min_hold" | "minimum_hold"
+        | "hold_min" | "hold_for" | "min_lease" | "hold_at_least_for" => "hold_at_least",
+        "reentrancy" | "re_entrant" | "recursive" | "reentrant_lock" | "nested" => "reentrant",
         _ => return None,
     })
 }
@@ -167,7 +176,7 @@ impl Parse for RawArg {
             syn::Error::new(
                 error.span(),
                 "expected an argument name: `key`, `profile`, `wait`, `lease`, `namespace`, \
-                 `replica_ack`, `try_lock` or `client`",
+                 `replica_ack`, `try_lock`, `client`, `hold_at_least` or `reentrant`",
             )
         })?;
         if input.is_empty() || input.peek(Token![,]) {
@@ -261,6 +270,15 @@ pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
                     Err(error) => errors.push(error),
                 }
             }
+            "hold_at_least" => args.hold_at_least = duration_arg(&name, span, arg.value, errors),
+            "reentrant" => match arg.value {
+                None => args.reentrant = true,
+                Some(value) => errors.spanned(
+                    value,
+                    "`reentrant` is a flag and takes no value: write `reentrant` alone to make \
+                     the lock reentrant, or remove it (locks are not reentrant by default)",
+                ),
+            },
             "replica_ack" => args.replica_ack = flag_arg(&name, span, arg.value, errors),
             "try_lock" => {
                 // An invalid value still shows the intent not to wait: no "missing `wait`".
@@ -320,7 +338,7 @@ pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
 fn unknown_argument(name: &str) -> String {
     let suggestion = alias(name).or_else(|| closest(name, &NAMES));
     let known = "the arguments are `key`, `profile`, `wait`, `lease`, `namespace`, \
-                 `replica_ack`, `try_lock` and `client`";
+                 `replica_ack`, `try_lock`, `client`, `hold_at_least` and `reentrant`";
     match suggestion {
         Some(good) => format!("unknown argument `{name}`: did you mean `{good}`? ({known})"),
         None => format!("unknown argument `{name}`: {known}"),
@@ -349,7 +367,11 @@ fn duration_arg(
     value: Option<Expr>,
     errors: &mut Errors,
 ) -> Option<DurationArg> {
-    let example = if name == "wait" { "2s" } else { "10s" };
+    let example = match name {
+        "wait" => "2s",
+        "hold_at_least" => "30s",
+        _ => "10s",
+    };
     let Some(value) = value else {
         errors.at(
             span,
@@ -501,11 +523,15 @@ mod tests {
                 replica_ack = false,
                 try_lock,
                 client = self.locks,
-                crate = ::sage_lock
+                crate = ::sage_lock,
+                hold_at_least = "30s",
+                reentrant
             ),
             &mut errors,
         );
         assert!(errors.is_empty());
+        assert_eq!(args.hold_at_least.map(|h| h.millis), Some(30_000));
+        assert!(args.reentrant);
         assert!(args.try_lock);
         assert_eq!(args.lease.map(|l| l.millis), Some(10_000));
         assert_eq!(args.replica_ack.map(|(on, _)| on), Some(false));
@@ -554,6 +580,16 @@ mod tests {
         let all = messages(quote!(key = id, settings = "p"));
         assert!(all[0].contains("did you mean `profile`?"), "{all:?}");
         assert!(messages(quote!(key = id, profile = "account-updates.v2")).is_empty());
+        let all = messages(quote!(key = id, try_lock, reentrant = true));
+        assert!(all[0].contains("takes no value"), "{all:?}");
+        let all = messages(quote!(key = id, try_lock, reentrant, reentrant));
+        assert!(all[0].contains("duplicate `reentrant`"), "{all:?}");
+        let all = messages(quote!(key = id, try_lock, hold_at_least = 30));
+        assert!(all[0].contains("hold_at_least = \"30s\""), "{all:?}");
+        let all = messages(quote!(key = id, try_lock, hold_at_least = "0s"));
+        assert!(all.is_empty(), "{all:?}");
+        let all = messages(quote!(key = id, try_lock, lock_at_least = "1s"));
+        assert!(all[0].contains("did you mean `hold_at_least`?"), "{all:?}");
         let all = messages(quote!(key "x"));
         assert!(all[0].contains("expected `=`"), "{all:?}");
     }

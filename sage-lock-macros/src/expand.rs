@@ -420,6 +420,13 @@ fn generated(
         let on = syn::LitBool::new(on, span);
         setters.extend(quote!(.replica_acknowledgement(#on)));
     }
+    if let Some(hold_at_least) = &args.hold_at_least {
+        let millis = hold_at_least.millis;
+        setters.extend(quote!(.hold_at_least(::core::time::Duration::from_millis(#millis))));
+    }
+    if args.reentrant {
+        setters.extend(quote!(.reentrant(true)));
+    }
     let shape_statement = shape_statement(args, ret, ret_span);
     let mut locals = quote! {
         let #key_local: ::std::vec::Vec<u8> = #key;

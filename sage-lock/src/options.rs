@@ -10,6 +10,9 @@ use crate::observe::Metrics;
 /// The shortest lease accepted by [`LockOptions::lease`] (see [`LockOptions`]'s example).
 pub const MIN_LEASE: Duration = Duration::from_millis(30);
 
+/// The longest lease or minimum hold accepted: one year.
+const MAX_DURATION: Duration = Duration::from_secs(60 * 60 * 24 * 365);
+
 static DEFAULTS: OnceLock<ServiceDefaults> = OnceLock::new();
 static BUILT_IN: OnceLock<ServiceDefaults> = OnceLock::new();
 
@@ -31,6 +34,8 @@ pub struct LockOptions {
     lease: Option<Duration>,
     namespace: Option<String>,
     replica_acknowledgement: Option<bool>,
+    hold_at_least: Option<Duration>,
+    reentrant: Option<bool>,
 }
 
 impl LockOptions {
@@ -63,6 +68,51 @@ impl LockOptions {
         self
     }
 
+    /// Keeps the lock at least this long after acquisition, even when the body ends sooner: the
+    /// lease is shortened to the remainder instead of released (zero, the default, is off).
+    ///
+    /// With [`Locks::try_with_lock`](crate::Locks::try_with_lock) this runs a job scheduled on
+    /// every instance once per interval (ShedLock's `lockAtLeastFor`): instances that tick a
+    /// little later find the key still held and skip. A minimum hold longer than the lease is
+    /// allowed: the key then keeps the remainder as its TTL. The minimum hold is kept when the
+    /// call is cancelled (its future dropped) after the body started, but not when the lock was
+    /// lost, and not for a reentrant inner call (the outer call governs).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sage_lock::LockOptions;
+    ///
+    /// // A job scheduled every 10 s on every instance: at most one run per 10 s.
+    /// let options = LockOptions::new()
+    ///     .namespace("nightly-report")
+    ///     .hold_at_least(Duration::from_secs(9));
+    /// ```
+    #[must_use]
+    pub fn hold_at_least(mut self, hold_at_least: Duration) -> Self {
+        self.hold_at_least = Some(hold_at_least);
+        self
+    }
+
+    /// Whether a call for a lock the current task already holds (same client, namespace and key)
+    /// runs its body at once under the held lease (default: off, a nested call waits for the
+    /// lock and times out).
+    ///
+    /// The inner body sees the outer [`Lease`](crate::Lease) (same fencing token) and releases
+    /// nothing: the lock is released when the outer call ends. Holding is per task: a task
+    /// spawned inside the body does not hold the lock and waits for it like any other caller.
+    /// Only the inner (nested) call needs this option.
+    ///
+    /// ```
+    /// use sage_lock::LockOptions;
+    ///
+    /// let options = LockOptions::new().namespace("accounts").reentrant(true);
+    /// ```
+    #[must_use]
+    pub fn reentrant(mut self, on: bool) -> Self {
+        self.reentrant = Some(on);
+        self
+    }
+
     pub(crate) fn resolve(self) -> LockSettings {
         let defaults = defaults();
         let namespace: Arc<str> = self
@@ -75,6 +125,8 @@ impl LockOptions {
             replica_acknowledgement: self
                 .replica_acknowledgement
                 .unwrap_or(defaults.replica_acknowledgement),
+            hold_at_least: self.hold_at_least.unwrap_or(Duration::ZERO),
+            reentrant: self.reentrant.unwrap_or(false),
         }
     }
 }
@@ -86,11 +138,16 @@ pub(crate) struct LockSettings {
     pub(crate) namespace: Arc<str>,
     pub(crate) replica_acknowledgement: bool,
     pub(crate) metrics: Arc<Metrics>,
+    /// Minimum time from acquisition to release; zero is off.
+    pub(crate) hold_at_least: Duration,
+    /// Whether a call for a lock the current task holds runs at once under it.
+    pub(crate) reentrant: bool,
 }
 
 impl LockSettings {
     pub(crate) fn validate(&self) -> Result<(), LockError> {
         validate_lease(self.lease)?;
+        validate_hold_at_least(self.hold_at_least)?;
         validate_namespace(&self.namespace)
     }
 }
@@ -104,10 +161,22 @@ pub(crate) fn validate_lease(lease: Duration) -> Result<(), LockError> {
             ),
         ));
     }
-    if lease > Duration::from_secs(60 * 60 * 24 * 365) {
+    if lease > MAX_DURATION {
         return Err(LockError::invalid(
             "lease",
             format!("must be at most one year, got {lease:?}"),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn validate_hold_at_least(hold_at_least: Duration) -> Result<(), LockError> {
+    if hold_at_least > MAX_DURATION {
+        return Err(LockError::invalid(
+            "hold_at_least",
+            format!(
+                "must be at most one year, got {hold_at_least:?}; use the interval of the scheduled job, e.g. Duration::from_secs(30)"
+            ),
         ));
     }
     Ok(())

@@ -132,6 +132,7 @@ pub(crate) async fn acquire(
         renewal: None,
         armed: true,
         granted_by: None,
+        hold_at_least: Duration::ZERO,
     };
     // Registered on the first "busy" reply: woken when this process releases the key.
     let mut waiter = WaitSlot {

@@ -1,6 +1,7 @@
 //! Holding: the body runs under renewal, raced against loss of the hold; then release.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use fred::bytes::Bytes;
 use fred::types::config::Server;
@@ -8,7 +9,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
-use super::{Engine, RELEASE_TIMEOUT, Rules};
+use super::{Engine, RELEASE_TIMEOUT, Rules, reentry};
 use crate::error::{LockError, LossReason};
 use crate::key::LockKeys;
 use crate::lease::{Lease, scope};
@@ -36,7 +37,16 @@ pub(crate) async fn hold<F: Future>(
         metrics: Arc::clone(&settings.metrics),
     };
     held.renewal = Some(held.engine.renewer.register(renewal, lost_tx));
+    // From here on (the body may run) a release keeps the minimum hold, cancellation included.
+    held.hold_at_least = settings.hold_at_least;
     let body = scope(held.lease.clone(), body);
+    let body = reentry::scope(
+        &held.engine,
+        &*held.rules,
+        held.keys.lock.clone(),
+        held.lease.clone(),
+        body,
+    );
     tokio::select! {
         biased;
         reason = lost_rx => {
@@ -88,6 +98,8 @@ pub(crate) struct Held {
     pub(crate) armed: bool,
     /// The primary that granted the hold, when the deployment is replicated.
     pub(crate) granted_by: Option<Server>,
+    /// Minimum time from acquisition to release; zero until the body may have started.
+    pub(crate) hold_at_least: Duration,
 }
 
 impl Held {
@@ -101,6 +113,7 @@ impl Held {
             &self.keys,
             &self.token,
             &self.metrics,
+            self.keep_for(),
         )
         .await;
         self.armed = false;
@@ -117,6 +130,7 @@ impl Held {
             &self.keys,
             &self.token,
             &self.metrics,
+            None,
         )
         .await;
         self.armed = false;
@@ -140,6 +154,7 @@ impl Held {
                 &self.keys,
                 &self.token,
                 &self.metrics,
+                None,
             )
             .await;
         }
@@ -155,6 +170,12 @@ impl Held {
     fn stop_renewal(&mut self) {
         self.renewal = None;
     }
+
+    /// How much longer the minimum hold keeps the key, if at least a millisecond.
+    fn keep_for(&self) -> Option<Duration> {
+        let keep_for = self.hold_at_least.checked_sub(self.lease.held_for())?;
+        (keep_for >= Duration::from_millis(1)).then_some(keep_for)
+    }
 }
 
 impl Drop for Held {
@@ -166,24 +187,36 @@ impl Drop for Held {
     }
 }
 
-/// Removes `token`'s hold, bounded by [`RELEASE_TIMEOUT`]; failures are logged (the lease
-/// expires). Wakes this process's waiters for the key.
+/// Removes `token`'s hold (or, with `keep_for`, lets it expire then), bounded by
+/// [`RELEASE_TIMEOUT`]; failures are logged (the lease expires). Wakes this process's waiters for
+/// the key when it was removed.
 async fn release_now(
     engine: &Engine,
     rules: &dyn Rules,
     keys: &LockKeys,
     token: &Bytes,
     metrics: &Metrics,
+    keep_for: Option<Duration>,
 ) {
-    let call = rules.release_call(keys, token);
+    let call = match keep_for {
+        Some(keep_for) => rules.shorten_call(keys, token, keep_for),
+        None => rules.release_call(keys, token),
+    };
     let outcome = engine
         .conn
         .run_plain(&call, Instant::now() + RELEASE_TIMEOUT)
         .await
         .and_then(|reply| Ok(parse_flag(&reply)?));
-    engine.waiters.wake_one(&keys.lock);
+    if keep_for.is_none() {
+        engine.waiters.wake_one(&keys.lock);
+    }
     match outcome {
-        Ok(true) => engine.conn.stats.record(metrics, Event::Release),
+        Ok(true) => {
+            if let Some(keep_for) = keep_for {
+                tracing::debug!(?keep_for, "lock kept for its minimum hold");
+            }
+            engine.conn.stats.record(metrics, Event::Release);
+        }
         Ok(false) => tracing::debug!("release found the lock no longer ours"),
         Err(error) => tracing::warn!(?error, "release failed; the lock expires with its lease"),
     }
@@ -193,14 +226,15 @@ fn release_in_background(held: &Held) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    let (engine, rules, keys, token, metrics) = (
+    let (engine, rules, keys, token, metrics, keep_for) = (
         Arc::clone(&held.engine),
         Arc::clone(&held.rules),
         Arc::clone(&held.keys),
         held.token.clone(),
         Arc::clone(&held.metrics),
+        held.keep_for(),
     );
     runtime.spawn(async move {
-        release_now(&engine, &*rules, &keys, &token, &metrics).await;
+        release_now(&engine, &*rules, &keys, &token, &metrics, keep_for).await;
     });
 }

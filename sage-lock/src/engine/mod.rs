@@ -8,6 +8,7 @@
 
 mod acquire;
 mod hold;
+mod reentry;
 mod waiters;
 
 use std::fmt;
@@ -47,12 +48,22 @@ pub(crate) const QUEUED_POLL: Duration = Duration::from_millis(500);
 ///
 /// The acquire script replies `{1, fencing_token}` when granted (also when the key already holds
 /// this token, so a retry after an unknown outcome is safe) or `{0, pttl_ms}` when busy; the
-/// release script replies 1 when it removed this token's hold, else 0.
+/// release script replies 1 when it removed this token's hold, else 0; the shorten script
+/// replies 1 when it set this token's hold to expire in `keep_for`, else 0.
 pub(crate) trait Rules: Send + Sync + fmt::Debug {
     /// One acquisition attempt by `token` for `lease`.
     fn acquire_call(&self, keys: &LockKeys, token: &Bytes, lease: Duration) -> ScriptCall<'static>;
     /// Gives up `token`'s hold, if it still has one.
     fn release_call(&self, keys: &LockKeys, token: &Bytes) -> ScriptCall<'static>;
+    /// Ends `token`'s hold in `keep_for` instead of now (the minimum hold,
+    /// [`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)): the hold stays, with
+    /// `keep_for` as its expiry, if it is still `token`'s. `keep_for` may exceed the lease.
+    fn shorten_call(
+        &self,
+        keys: &LockKeys,
+        token: &Bytes,
+        keep_for: Duration,
+    ) -> ScriptCall<'static>;
     /// Where `token`'s hold lives, for the batched renewal.
     fn renew_target(&self, keys: &LockKeys) -> RenewTarget;
     /// One attempt of a waiting acquisition. A primitive with a server-side waiter queue
@@ -73,6 +84,12 @@ pub(crate) trait Rules: Send + Sync + fmt::Debug {
     /// ([`crate::notify::channel`]), so waiters can wait for the message instead of polling.
     fn notifies(&self) -> bool {
         false
+    }
+    /// Which kind of lock this is, for reentrancy: a reentrant call runs at once only under a
+    /// hold of the same kind on the same key. Distinct rules types differ by default; override
+    /// it when one type states several kinds (say, shared and exclusive).
+    fn kind(&self) -> &'static str {
+        std::any::type_name::<Self>()
     }
 }
 
@@ -99,6 +116,9 @@ impl Engine {
 
 /// Acquires per `mode`, runs `body` while the hold lasts, releases: `Ok(None)` only in
 /// [`Mode::Try`] when busy. The body is dropped (cancelled) when the hold is lost.
+///
+/// With [`LockSettings::reentrant`], a call for a lock the current task already holds (same
+/// client, kind and key) runs `body` at once under the held lease, and releases nothing.
 pub(crate) async fn run<F: Future>(
     engine: Arc<Engine>,
     rules: Arc<dyn Rules>,
@@ -109,6 +129,12 @@ pub(crate) async fn run<F: Future>(
 ) -> Result<Option<F::Output>, LockError> {
     let span =
         tracing::debug_span!("sage_lock", key = %keys.display, namespace = %settings.namespace);
+    if settings.reentrant
+        && let Some(lease) = reentry::held(&engine, &*rules, &keys.lock)
+    {
+        span.in_scope(|| tracing::debug!("reentrant call: runs under the lock this task holds"));
+        return Ok(Some(crate::lease::scope(lease, body).await));
+    }
     let acquired = Box::pin(acquire(&engine, &rules, &settings, &keys, mode))
         .instrument(span.clone())
         .await?;

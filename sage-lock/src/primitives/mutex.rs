@@ -127,8 +127,18 @@ return released
 "
 );
 
+/// Shorten (the minimum hold): `PEXPIRE` to the remainder only while the key still holds this
+/// token. Replies 1 or 0.
+const SHORTEN: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+
 static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
 static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
+static SHORTEN_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SHORTEN));
 
 /// The keys of one mutex's scripts: lock, fence, waiter queue, waiter deadlines.
 fn script_keys(keys: &LockKeys) -> Vec<Bytes> {
@@ -181,6 +191,18 @@ impl Rules for MutexRules {
             Value::Bytes(crate::notify::channel(&keys.lock)),
         ];
         RELEASE_SCRIPT.call(keys.slot, script_keys(keys), args)
+    }
+
+    fn shorten_call(
+        &self,
+        keys: &LockKeys,
+        token: &Bytes,
+        keep_for: Duration,
+    ) -> ScriptCall<'static> {
+        // Rounded up: never shorter than asked.
+        let millis = i64::try_from(keep_for.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX);
+        let args = vec![Value::Bytes(token.clone()), Value::Integer(millis)];
+        SHORTEN_SCRIPT.on_lock(keys, args)
     }
 
     fn renew_target(&self, keys: &LockKeys) -> RenewTarget {

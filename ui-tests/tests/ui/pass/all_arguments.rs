@@ -10,6 +10,8 @@ use sage_lock::{LockClient, locked};
     client = client,
     wait = "1h 2m 3s 4ms",
     key = "order:{id}",
+    hold_at_least = "5s",
+    reentrant,
     crate = ::sage_lock,
 )]
 async fn everything(client: Arc<LockClient>, id: u64) -> anyhow::Result<u64> {

@@ -1,0 +1,234 @@
+//! Opt-in reentrancy on standalone Redis and Valkey: a reentrant call for a key the task holds
+//! runs at once under the held lease (same fencing token, nothing released), nested `#[locked]`
+//! functions included; tasks spawned in the body, other keys, namespaces and clients do not
+//! share the hold.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Target, raw_exists};
+use harness::ServerKind;
+use sage_lock::{LockClient, LockError, LockOptions, Locks, TimeoutReason, current_lease, locked};
+
+fn reentrant(client: &LockClient, namespace: &str) -> Locks<str> {
+    client
+        .lock_with::<str>(
+            LockOptions::new()
+                .namespace(namespace)
+                .lease(Duration::from_secs(5))
+                .reentrant(true),
+        )
+        .expect("valid options")
+}
+
+fn token() -> u64 {
+    current_lease().expect("inside a lock body").fencing_token()
+}
+
+/// Nested `with_lock` and `try_with_lock` run at once with the outer fencing token; the key is
+/// still held (by the outer call) after they return, and released when the outer call ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_calls_run_under_the_outer_lease() {
+    for kind in ServerKind::ALL {
+        let target = Target::standalone(kind);
+        let client = target.client().await;
+        let ns = target.ns("reentrant-nested");
+        let locks = reentrant(&client, &ns);
+        let server_key = LockClient::server_key(&ns, "a");
+        let (outer, inner, innermost, still_held) = locks
+            .with_lock("a", Duration::from_secs(1), async {
+                let outer = token();
+                let (inner, innermost) = locks
+                    .with_lock("a", Duration::from_millis(300), async {
+                        let innermost = locks
+                            .try_with_lock("a", async { token() })
+                            .await
+                            .expect("nested try");
+                        (token(), innermost)
+                    })
+                    .await
+                    .expect("nested wait");
+                let still_held = raw_exists(&client, &server_key).await
+                    && current_lease().is_some_and(|lease| lease.is_valid());
+                (outer, inner, innermost, still_held)
+            })
+            .await
+            .expect("outer");
+        assert_eq!(inner, outer, "{}", kind.name());
+        assert_eq!(innermost, Some(outer), "{}", kind.name());
+        assert!(still_held, "{}: the inner call released", kind.name());
+        assert!(!raw_exists(&client, &server_key).await, "{}", kind.name());
+    }
+}
+
+/// A task spawned inside the body does not hold the lock: its reentrant calls wait and time out
+/// (or, trying, find it busy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spawned_tasks_do_not_inherit_the_lock() {
+    for kind in ServerKind::ALL {
+        let target = Target::standalone(kind);
+        let client = target.client().await;
+        let locks = reentrant(&client, &target.ns("reentrant-spawn"));
+        let (tried, waited) = locks
+            .with_lock("a", Duration::from_secs(1), async {
+                let spawned = locks.clone();
+                tokio::spawn(async move {
+                    let tried = spawned.try_with_lock("a", async {}).await;
+                    let waited = spawned
+                        .with_lock("a", Duration::from_millis(300), async {})
+                        .await;
+                    (tried, waited)
+                })
+                .await
+                .expect("spawned task")
+            })
+            .await
+            .expect("outer");
+        assert!(matches!(tried, Ok(None)), "{}: {tried:?}", kind.name());
+        assert!(
+            matches!(
+                waited,
+                Err(LockError::TimedOut {
+                    reason: TimeoutReason::Busy,
+                    ..
+                })
+            ),
+            "{}: {waited:?}",
+            kind.name()
+        );
+    }
+}
+
+/// Other keys are acquired (and released) as usual inside a held lock; a reentrant call on the
+/// outer key from inside them still runs at once, under the outer key's lease. Another namespace
+/// or another client does not share the hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_keys_namespaces_and_clients() {
+    for kind in ServerKind::ALL {
+        let target = Target::standalone(kind);
+        let client = target.client().await;
+        let other_client = target.client().await;
+        let ns = target.ns("reentrant-mixed");
+        let locks = reentrant(&client, &ns);
+        let same_ns_other_client = reentrant(&other_client, &ns);
+        let other_ns = reentrant(&client, &target.ns("reentrant-mixed-other"));
+        let key_b = LockClient::server_key(&ns, "b");
+        let seen = locks
+            .with_lock("a", Duration::from_secs(1), async {
+                let a = current_lease().expect("a");
+                let (b_key, a_again) = locks
+                    .with_lock("b", Duration::from_secs(1), async {
+                        let b_key = current_lease().expect("b").key().to_owned();
+                        let a_again = locks
+                            .try_with_lock("a", async { current_lease().expect("a again") })
+                            .await
+                            .expect("a again");
+                        (b_key, a_again)
+                    })
+                    .await
+                    .expect("b");
+                let b_released = !raw_exists(&client, &key_b).await;
+                let other_ns_key = other_ns
+                    .try_with_lock("a", async {
+                        current_lease().expect("other ns").namespace().to_owned()
+                    })
+                    .await
+                    .expect("other namespace");
+                let other_client = same_ns_other_client
+                    .try_with_lock("a", async {})
+                    .await
+                    .expect("other client");
+                (a, b_key, a_again, b_released, other_ns_key, other_client)
+            })
+            .await
+            .expect("outer");
+        let (a, b_key, a_again, b_released, other_ns_key, other_client) = seen;
+        let name = kind.name();
+        assert_eq!(b_key, "b", "{name}");
+        let a_again = a_again.expect("reentrant a inside b runs");
+        assert_eq!(a_again.key(), "a", "{name}");
+        assert_eq!(a_again.fencing_token(), a.fencing_token(), "{name}");
+        assert!(b_released, "{name}: b was not released when its call ended");
+        let other_ns_key = other_ns_key.expect("another namespace is another lock");
+        assert_ne!(other_ns_key, ns, "{name}");
+        assert!(other_ns_key.starts_with("reentrant-mixed-other"), "{name}");
+        assert_eq!(other_client, None, "{name}: another client shared the hold");
+    }
+}
+
+/// Without the option a nested call still waits and times out (the default contract), even under
+/// a reentrant outer call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_reentrant_calls_reenter() {
+    for kind in ServerKind::ALL {
+        let target = Target::standalone(kind);
+        let client = target.client().await;
+        let ns = target.ns("reentrant-opt-in");
+        let outer = reentrant(&client, &ns);
+        let plain = client
+            .lock_with::<str>(LockOptions::new().namespace(ns.as_str()))
+            .expect("valid options");
+        let nested = outer
+            .with_lock("a", Duration::from_secs(1), async {
+                plain
+                    .with_lock("a", Duration::from_millis(300), async {})
+                    .await
+            })
+            .await
+            .expect("outer");
+        assert!(
+            matches!(nested, Err(LockError::TimedOut { .. })),
+            "{}: {nested:?}",
+            kind.name()
+        );
+    }
+}
+
+#[derive(Debug)]
+struct AppError(#[allow(dead_code)] LockError);
+
+impl From<LockError> for AppError {
+    fn from(error: LockError) -> Self {
+        AppError(error)
+    }
+}
+
+#[locked(key = "account:{id}", wait = "1s", reentrant, namespace = "reentrant-macro", client = client)]
+async fn transfer(client: &LockClient, id: u64) -> Result<(u64, u64, Option<u64>), AppError> {
+    let outer = token();
+    let inner = audit(client, id).await?;
+    let tried = try_audit(client, id).await?;
+    Ok((outer, inner, tried))
+}
+
+#[locked(key = "account:{id}", wait = "300ms", reentrant, namespace = "reentrant-macro", client = client)]
+async fn audit(client: &LockClient, id: u64) -> Result<u64, AppError> {
+    Ok(token())
+}
+
+#[locked(key = "account:{id}", try_lock, reentrant, namespace = "reentrant-macro", client = client)]
+async fn try_audit(client: &LockClient, id: u64) -> Result<Option<u64>, AppError> {
+    Ok(token())
+}
+
+/// Nested `#[locked(reentrant)]` functions share the outer lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_locked_functions() {
+    for kind in ServerKind::ALL {
+        let client = Target::standalone(kind).client().await;
+        let id = u64::from(rand::random::<u32>());
+        let (outer, inner, tried) = transfer(&client, id).await.expect("transfer");
+        assert_eq!(inner, outer, "{}", kind.name());
+        assert_eq!(tried, Some(outer), "{}", kind.name());
+        assert!(
+            !raw_exists(
+                &client,
+                &LockClient::server_key("reentrant-macro", &format!("account:{id}"))
+            )
+            .await,
+            "{}",
+            kind.name()
+        );
+    }
+}
