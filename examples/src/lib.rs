@@ -5,6 +5,8 @@
 //! directory, without persistence, and stopped again when the example ends (on drop, on Ctrl-C,
 //! and — through a small watchdog process — even when the example is killed).
 
+pub mod multiprocess;
+
 use std::fmt;
 use std::fs;
 use std::io::{BufRead as _, BufReader, Write as _};

@@ -57,6 +57,9 @@ struct Channel {
     wake: Arc<Notify>,
     /// The token of the local task that waits on the server for this key.
     token: Option<Bytes>,
+    /// The head the last message named: a waiter that registers just after its message came
+    /// (between its attempt's reply and [`Notifier::watch`]) still finds it.
+    last: Option<Bytes>,
     /// Live [`Watch`]es.
     users: usize,
     /// Confirmed by the server (and not lost to a reconnect since).
@@ -94,11 +97,15 @@ impl Notifier {
                 let entry = channels.entry(channel.clone()).or_insert_with(|| Channel {
                     wake: Arc::new(Notify::new()),
                     token: None,
+                    last: None,
                     users: 0,
                     subscribed: false,
                     idle_since: Instant::now(),
                 });
                 entry.users += 1;
+                if entry.last.as_ref() == Some(&token) {
+                    entry.wake.notify_one();
+                }
                 entry.token = Some(token);
                 Arc::clone(&entry.wake)
             }
@@ -271,11 +278,13 @@ fn deliver(shared: &Shared, channel: &[u8], payload: &fred::types::Value) {
     let Some(head) = payload.as_bytes() else {
         return;
     };
-    if let Ok(channels) = shared.channels.lock()
-        && let Some(entry) = channels.get(channel)
-        && entry.token.as_deref() == Some(head)
+    if let Ok(mut channels) = shared.channels.lock()
+        && let Some(entry) = channels.get_mut(channel)
     {
-        entry.wake.notify_one();
+        if entry.token.as_deref() == Some(head) {
+            entry.wake.notify_one();
+        }
+        entry.last = Some(Bytes::copy_from_slice(head));
     }
 }
 
@@ -371,5 +380,20 @@ mod tests {
         deliver(&notifier.shared, b"{l:a}:released", &mine);
         let woken = tokio::time::timeout(Duration::from_millis(200), watch.notified()).await;
         assert!(woken.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_message_just_before_the_watch_is_not_lost() {
+        let notifier = Notifier::new(Client::default());
+        let early = notifier.watch(b"{l:a}", Bytes::from_static(b"first"));
+        deliver(
+            &notifier.shared,
+            b"{l:a}:released",
+            &fred::types::Value::from("late"),
+        );
+        let watch = notifier.watch(b"{l:a}", Bytes::from_static(b"late"));
+        let woken = tokio::time::timeout(Duration::from_millis(200), watch.notified()).await;
+        assert!(woken.is_ok(), "the early message was lost");
+        drop(early);
     }
 }

@@ -54,7 +54,10 @@ const LEASE: Duration = Duration::from_secs(10);
 
 /// Commands sage-lock's scripts run inside the server (`INFO commandstats` counts them too).
 /// Every command sage-lock sends is a script (`EVALSHA`, `EVAL` after `NOSCRIPT`).
-const SAGE_NESTED: &[&str] = &["set", "incr", "get", "pexpire", "pttl", "del"];
+const SAGE_NESTED: &[&str] = &[
+    "set", "incr", "get", "pexpire", "pttl", "del", "lindex", "lpop", "rpush", "lrem", "zadd",
+    "zrem", "zscore", "exists", "time", "spublish",
+];
 /// Commands rslock's scripts (unlock, extend) run inside the server; its `SET NX` is sent itself.
 const RSLOCK_NESTED: &[&str] = &["get", "del", "pexpire"];
 /// `PING` and `SET` run no scripts.
@@ -97,11 +100,51 @@ impl Plan {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    if let Some(worker) = sage_lock_examples::multiprocess::worker_main() {
+        return worker;
+    }
+    if has_flag("--both") {
+        return both_servers();
+    }
     // Run on a runtime worker, as a service's request handler would (the thread that calls
     // `block_on` is not a worker, and every reply would have to wake it from another thread).
-    tokio::spawn(run()).await?
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(async { tokio::spawn(run()).await? })
+}
+
+/// `--both`: the whole benchmark on Redis, then on Valkey, in one invocation (JSON files
+/// `bench-redis.json` and `bench-valkey.json` next to the `--json` path).
+fn both_servers() -> anyhow::Result<()> {
+    let exe = std::env::current_exe()?;
+    let json_dir = flag_value::<PathBuf>("--json")?
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let mut passed = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--both" | "--valkey" => {}
+            "--json" => {
+                args.next();
+            }
+            _ => passed.push(arg),
+        }
+    }
+    for (kind, extra) in [("redis", None), ("valkey", Some("--valkey"))] {
+        eprintln!("\n=== {kind} ===");
+        let status = std::process::Command::new(&exe)
+            .args(&passed)
+            .args(extra)
+            .arg("--json")
+            .arg(json_dir.join(format!("bench-{kind}.json")))
+            .env_remove("SAGE_LOCK_SERVER")
+            .status()?;
+        anyhow::ensure!(status.success(), "the {kind} run failed");
+    }
+    Ok(())
 }
 
 async fn run() -> anyhow::Result<()> {
@@ -162,6 +205,9 @@ async fn run() -> anyhow::Result<()> {
 
     eprintln!("contention ...");
     contention_suite(&mut report, &client, &locks, &manager, &plan, rtt_us).await?;
+
+    eprintln!("multi-process contention: sage-lock, rslock ...");
+    multi_process_suite(&mut report, &fred, server.url(), &plan, rtt_us).await?;
 
     eprintln!(
         "renewal at scale: {} locks, lease {:?}, held {:?} ...",
@@ -560,6 +606,94 @@ async fn sage_contention(
     })
     .await?;
     Ok((sections, held_ns.load(Ordering::Relaxed)))
+}
+
+// --- multi-process contention ------------------------------------------------------------------
+
+/// 4 processes x 2 tasks on one key, 1 ms spinning sections, 2 s waits, started together.
+async fn multi_process_suite(
+    report: &mut Report,
+    fred: &Client,
+    url: &str,
+    plan: &Plan,
+    rtt_us: f64,
+) -> anyhow::Result<()> {
+    use sage_lock_examples::multiprocess::{self, Scenario, Subject};
+    let scenario = Scenario {
+        processes: 4,
+        tasks: 2,
+        run: if plan.samples < 6_000 {
+            Duration::from_secs(2)
+        } else {
+            Duration::from_secs(4)
+        },
+        section: CRITICAL_SECTION,
+        wait: Duration::from_secs(2),
+    };
+    let ideal = scenario.run.as_secs_f64() * 1e6 / (duration_us(CRITICAL_SECTION) + rtt_us);
+    let mut details = serde_json::Map::new();
+    for (subject, label, nested) in [
+        (Subject::SageLock, "sage-lock", SAGE_NESTED),
+        (Subject::Rslock, "rslock", RSLOCK_NESTED),
+    ] {
+        let running = multiprocess::spawn(subject, url, "mp", scenario)?;
+        tokio::time::sleep_until((running.starts_at - Duration::from_millis(50)).into()).await;
+        let probe = Probe::start(fred).await?;
+        let reports = running.finish().await?;
+        let usage = probe.stop(fred).await?;
+        let sections: Vec<u64> = reports.iter().map(|r| r.sections).collect();
+        let total: u64 = sections.iter().sum();
+        let timeouts: u64 = reports.iter().map(|r| r.timeouts).sum();
+        let mut waits: Vec<u64> = reports.iter().flat_map(|r| r.waits_us.clone()).collect();
+        waits.sort_unstable();
+        let p99_ms = to_f64(percentile(&waits, 0.99)) / 1000.0;
+        let fewest = sections.iter().copied().min().unwrap_or(0);
+        let most = sections.iter().copied().max().unwrap_or(0).max(1);
+        let acquisitions = to_f64(total.max(1));
+        // Acquire-side commands: every command clients sent minus one release per
+        // acquisition, plus the release notifications (SPUBLISH inside the release script).
+        let commands = (usage.round_trips(nested) - acquisitions
+            + usage.commands.calls("spublish"))
+            / acquisitions;
+        let per_process = sections
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(" / ");
+        let scenario_name = format!("{label}, 4 processes x 2 tasks, 1 key");
+        report.ratio(
+            &scenario_name,
+            "critical sections / ideal",
+            (to_f64(total), ""),
+            to_f64(total) / ideal,
+            Some(Goal::AtLeast(0.9)),
+        );
+        report.ratio(
+            "",
+            &format!("fewest/most per process ({per_process})"),
+            (to_f64(fewest), ""),
+            to_f64(fewest) / to_f64(most),
+            Some(Goal::AtLeast(0.8)),
+        );
+        report.info("", "waits timed out (2 s)", to_f64(timeouts), "");
+        report.info("", "p99 wait", p99_ms, "ms");
+        report.ratio(
+            "",
+            "server commands per acquisition (notifications incl.)",
+            (commands, ""),
+            commands,
+            Some(Goal::AtMost(3.0)),
+        );
+        details.insert(
+            label.to_owned(),
+            json!({"sections_per_process": sections, "timeouts": timeouts,
+                   "p99_wait_ms": p99_ms, "ideal_sections": ideal,
+                   "commands_per_acquisition": commands,
+                   "usage": usage.json(total, nested)}),
+        );
+    }
+    report.detail("multi_process_contention", details.into());
+    Ok(())
 }
 
 // --- renewal at scale ---------------------------------------------------------------------------
