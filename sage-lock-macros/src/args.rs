@@ -52,6 +52,15 @@ pub(crate) enum KeyArg {
     Template(LitStr),
     /// `key = <expr>` of any `KeyCodec` type.
     Expr(Expr),
+    /// `key = [k1, k2, ..]`: all of several keys (each a template or an expression).
+    Many(Vec<KeyArg>),
+}
+
+/// Which side of a read-write lock `mode` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RwMode {
+    Read,
+    Write,
 }
 
 /// A checked duration literal.
@@ -78,10 +87,14 @@ pub(crate) struct Args {
     pub(crate) hold_at_least: Option<DurationArg>,
     /// `reentrant` (a flag without a value).
     pub(crate) reentrant: bool,
+    /// `mode = "read" | "write"`: a read-write lock.
+    pub(crate) mode: Option<(RwMode, Span)>,
+    /// `permits = N`: a semaphore with N permits (N >= 1).
+    pub(crate) permits: Option<(u32, Span)>,
 }
 
 /// The argument names, for "did you mean" hints.
-const NAMES: [&str; 11] = [
+const NAMES: [&str; 13] = [
     "key",
     "profile",
     "wait",
@@ -93,6 +106,8 @@ const NAMES: [&str; 11] = [
     "crate",
     "hold_at_least",
     "reentrant",
+    "mode",
+    "permits",
 ];
 
 /// Common names users reach for, and the argument they mean.
@@ -119,6 +134,8 @@ fn alias(name: &str) -> Option<&'static str> {
         "lock_at_least" | "lock_at_least_for" | "at_least" | "min_hold" | "minimum_hold"
         | "hold_min" | "hold_for" | "min_lease" | "hold_at_least_for" => "hold_at_least",
         "reentrancy" | "re_entrant" | "recursive" | "reentrant_lock" | "nested" => "reentrant",
+        "rw" | "read_write" | "access" | "lock_mode" => "mode",
+        "semaphore" | "limit" | "max_holders" | "concurrency" | "slots" => "permits",
         _ => return None,
     })
 }
@@ -302,9 +319,12 @@ pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
                 ),
                 None => errors.at(span, "`crate` needs a value: `crate = ::sage_lock`"),
             },
+            "mode" => args.mode = mode_arg(span, arg.value, errors),
+            "permits" => args.permits = permits_arg(span, arg.value, errors),
             _ => errors.at(span, unknown_argument(&name)),
         }
     }
+    check_primitive(&args, errors);
     args.try_lock = try_lock_flag.is_some_and(|(on, _)| on);
     if args.key.is_none() && !seen.iter().any(|name| name == "key") {
         errors.at(
@@ -338,10 +358,116 @@ pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
 fn unknown_argument(name: &str) -> String {
     let suggestion = alias(name).or_else(|| closest(name, &NAMES));
     let known = "the arguments are `key`, `profile`, `wait`, `lease`, `namespace`, \
-                 `replica_ack`, `try_lock`, `client`, `hold_at_least` and `reentrant`";
+                 `replica_ack`, `try_lock`, `client`, `hold_at_least`, `reentrant`, `mode` and \
+                 `permits`";
     match suggestion {
         Some(good) => format!("unknown argument `{name}`: did you mean `{good}`? ({known})"),
         None => format!("unknown argument `{name}`: {known}"),
+    }
+}
+
+/// `mode`, `permits` and several keys pick different primitives: at most one of them.
+fn check_primitive(args: &Args, errors: &mut Errors) {
+    if let (Some(_), Some((_, span))) = (args.mode, args.permits) {
+        errors.at(
+            span,
+            "`mode` and `permits` cannot be combined: `mode` asks for a read-write lock, \
+             `permits` for a semaphore; remove one of them",
+        );
+    }
+    if let Some(profile) = &args.profile {
+        let other = args
+            .mode
+            .map(|(_, span)| (span, "mode"))
+            .or(args.permits.map(|(_, span)| (span, "permits")))
+            .or(matches!(args.key, Some(KeyArg::Many(_))).then(|| (profile.span(), "key = [..]")));
+        if let Some((span, name)) = other {
+            errors.at(
+                span,
+                format!(
+                    "`profile` works with the single-key mutex only, not with `{name}`: remove \
+                     `profile` and give `lease`/`namespace`/`wait` explicitly"
+                ),
+            );
+        }
+    }
+    if matches!(args.key, Some(KeyArg::Many(_))) {
+        let other = args
+            .mode
+            .map(|(_, span)| (span, "mode"))
+            .or(args.permits.map(|(_, span)| (span, "permits")));
+        if let Some((span, name)) = other {
+            errors.at(
+                span,
+                format!(
+                    "`{name}` works with one key: `key = [..]` locks several keys with the \
+                     (exclusive) mutex; remove `{name}` or give a single `key = \"...\"`"
+                ),
+            );
+        }
+    }
+}
+
+fn mode_arg(span: Span, value: Option<Expr>, errors: &mut Errors) -> Option<(RwMode, Span)> {
+    let fix = "write `mode = \"read\"` (shared with other readers) or `mode = \"write\"` (alone)";
+    let Some(value) = value else {
+        errors.at(span, format!("`mode` needs a value: {fix}"));
+        return None;
+    };
+    match as_lit(&value) {
+        Some(Lit::Str(text)) => match text.value().as_str() {
+            "read" => Some((RwMode::Read, text.span())),
+            "write" => Some((RwMode::Write, text.span())),
+            other => {
+                let hint = closest(other, &["read", "write"])
+                    .map(|good| format!("did you mean `\"{good}\"`? "))
+                    .unwrap_or_default();
+                errors.at(text.span(), format!("unknown mode `{other}`: {hint}{fix}"));
+                None
+            }
+        },
+        _ => {
+            errors.spanned(&value, format!("`mode` must be a string literal: {fix}"));
+            None
+        }
+    }
+}
+
+fn permits_arg(span: Span, value: Option<Expr>, errors: &mut Errors) -> Option<(u32, Span)> {
+    let fix = "write e.g. `permits = 4`, the most holders of the key at a time";
+    let Some(value) = value else {
+        errors.at(span, format!("`permits` needs a value: {fix}"));
+        return None;
+    };
+    match as_lit(&value) {
+        Some(Lit::Int(int)) => match int.base10_parse::<u32>() {
+            Ok(0) => {
+                errors.at(
+                    int.span(),
+                    "`permits` must be at least 1: a semaphore with no permits could never be \
+                     acquired; write e.g. `permits = 4`",
+                );
+                None
+            }
+            Ok(permits) => Some((permits, int.span())),
+            Err(_) => {
+                errors.at(
+                    int.span(),
+                    format!(
+                        "`permits` must be a whole number from 1 to {}: {fix}",
+                        u32::MAX
+                    ),
+                );
+                None
+            }
+        },
+        _ => {
+            errors.spanned(
+                &value,
+                format!("`permits` must be an integer literal, checked at compile time: {fix}"),
+            );
+            None
+        }
     }
 }
 
@@ -355,6 +481,23 @@ fn key_arg(name: &str, span: Span, value: Option<Expr>, errors: &mut Errors) -> 
         );
         return None;
     };
+    if let Expr::Array(array) = &value
+        && array.attrs.is_empty()
+    {
+        if array.elems.is_empty() {
+            errors.spanned(
+                array,
+                "`key = []` names no key: list at least one, e.g. \
+                 `key = [\"account:{from}\", \"account:{to}\"]`, or give one `key = \"...\"`",
+            );
+            return None;
+        }
+        let keys = array.elems.iter().map(|element| match as_lit(element) {
+            Some(Lit::Str(template)) => KeyArg::Template(template.clone()),
+            _ => KeyArg::Expr(element.clone()),
+        });
+        return Some(KeyArg::Many(keys.collect()));
+    }
     match as_lit(&value) {
         Some(Lit::Str(template)) => Some(KeyArg::Template(template.clone())),
         _ => Some(KeyArg::Expr(value)),
@@ -592,6 +735,32 @@ mod tests {
         assert!(all[0].contains("did you mean `hold_at_least`?"), "{all:?}");
         let all = messages(quote!(key "x"));
         assert!(all[0].contains("expected `=`"), "{all:?}");
+    }
+
+    #[test]
+    fn primitive_modes() {
+        let mut errors = Errors::default();
+        let args = parse(quote!(key = "r", wait = "1s", mode = "read"), &mut errors);
+        assert!(errors.is_empty());
+        assert_eq!(args.mode.map(|(m, _)| m), Some(RwMode::Read));
+        let args = parse(quote!(key = "s", try_lock, permits = 3), &mut errors);
+        assert!(errors.is_empty());
+        assert_eq!(args.permits.map(|(p, _)| p), Some(3));
+        let args = parse(quote!(key = ["a:{x}", y], wait = "1s"), &mut errors);
+        assert!(errors.is_empty());
+        assert!(matches!(args.key, Some(KeyArg::Many(ref keys)) if keys.len() == 2));
+        let all = messages(quote!(key = id, wait = "1s", permits = 0));
+        assert!(all[0].contains("at least 1"), "{all:?}");
+        let all = messages(quote!(key = id, wait = "1s", mode = "read", permits = 2));
+        assert!(all[0].contains("cannot be combined"), "{all:?}");
+        let all = messages(quote!(key = id, wait = "1s", mode = "raed"));
+        assert!(all[0].contains("did you mean `\"read\"`"), "{all:?}");
+        let all = messages(quote!(key = [], wait = "1s"));
+        assert!(all[0].contains("names no key"), "{all:?}");
+        let all = messages(quote!(key = [a, b], wait = "1s", mode = "write"));
+        assert!(all[0].contains("works with one key"), "{all:?}");
+        let all = messages(quote!(key = id, wait = "1s", permits = "2"));
+        assert!(all[0].contains("integer literal"), "{all:?}");
     }
 
     #[test]

@@ -40,7 +40,7 @@ use syn::{
     Type, TypeParamBound,
 };
 
-use crate::args::{self, Args, Errors, KeyArg};
+use crate::args::{self, Args, Errors, KeyArg, RwMode};
 use crate::key::{self, Scope};
 use crate::profile;
 
@@ -74,24 +74,10 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
             !(name.starts_with("__arg") && name[5..].chars().all(|c| c.is_ascii_digit()))
         });
     }
-    let key = match &args.key {
-        Some(KeyArg::Template(lit)) => match key::parse_template(&lit.value(), &scope) {
-            Ok(segments) => Some(key::template_tokens(&segments, lit, &krate(&args))),
-            Err(problems) => {
-                for problem in problems {
-                    errors.at(key::span_of(lit, &problem.range), problem.message);
-                }
-                None
-            }
-        },
-        Some(KeyArg::Expr(expr)) => {
-            let krate = krate(&args);
-            let argument = borrowed(expr);
-            let function = quote_spanned!(expr.span()=> #krate::__private::encode_key);
-            Some(quote!(#function(#argument)))
-        }
-        None => None,
-    };
+    let key = args
+        .key
+        .as_ref()
+        .and_then(|arg| key_tokens(arg, &args, &scope, &mut errors));
 
     match (shape, key) {
         (Some(shape), Some(key)) if errors.is_empty() => generate(&args, func, &shape, &key),
@@ -100,6 +86,42 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
             let errors = errors.into_compile_errors();
             let func = fallback(&args, &func);
             quote!(#func #errors)
+        }
+    }
+}
+
+/// The expression giving the key's bytes (`Vec<u8>`), or for `key = [..]` every key's
+/// (`Vec<Vec<u8>>`); `None` after reporting a problem.
+fn key_tokens(
+    arg: &KeyArg,
+    args: &Args,
+    scope: &Scope,
+    errors: &mut Errors,
+) -> Option<TokenStream> {
+    match arg {
+        KeyArg::Template(lit) => match key::parse_template(&lit.value(), scope) {
+            Ok(segments) => Some(key::template_tokens(&segments, lit, &krate(args))),
+            Err(problems) => {
+                for problem in problems {
+                    errors.at(key::span_of(lit, &problem.range), problem.message);
+                }
+                None
+            }
+        },
+        KeyArg::Expr(expr) => {
+            let krate = krate(args);
+            let argument = borrowed(expr);
+            let function = quote_spanned!(expr.span()=> #krate::__private::encode_key);
+            Some(quote!(#function(#argument)))
+        }
+        KeyArg::Many(keys) => {
+            let all: Vec<Option<TokenStream>> = keys
+                .iter()
+                .map(|key| key_tokens(key, args, scope, errors))
+                .collect();
+            let all: Option<Vec<TokenStream>> = all.into_iter().collect();
+            let all = all?;
+            Some(quote!(::std::vec![#(#all),*]))
         }
     }
 }
@@ -428,12 +450,32 @@ fn generated(
         setters.extend(quote!(.reentrant(true)));
     }
     let shape_statement = shape_statement(args, ret, ret_span);
+    let many = matches!(args.key, Some(KeyArg::Many(_)));
+    let key_type = if many {
+        quote!(::std::vec::Vec<::std::vec::Vec<u8>>)
+    } else {
+        quote!(::std::vec::Vec<u8>)
+    };
     let mut locals = quote! {
-        let #key_local: ::std::vec::Vec<u8> = #key;
+        let #key_local: #key_type = #key;
         let #client_local: ::core::option::Option<#krate::__private::LockClient> = #client;
         #shape_statement
     };
+    // Which runtime entry point: the mutex, several keys, or another primitive.
+    let primitive = match (args.mode, args.permits) {
+        (Some((RwMode::Read, span)), _) => {
+            Some(quote_spanned!(span=> #krate::__private::Primitive::Read))
+        }
+        (Some((RwMode::Write, span)), _) => {
+            Some(quote_spanned!(span=> #krate::__private::Primitive::Write))
+        }
+        (None, Some((permits, span))) => {
+            Some(quote_spanned!(span=> #krate::__private::Primitive::Semaphore(#permits)))
+        }
+        (None, None) => None,
+    };
     let (function, arguments) = if let Some(profile) = &args.profile {
+        // `args` rejects a profile together with `mode`, `permits` or several keys.
         let call = profile::call(&profile::Call {
             krate: &krate,
             profile,
@@ -446,20 +488,30 @@ fn generated(
         let registration = &call.registration;
         locals = quote!(#registration #locals);
         (call.function, call.arguments)
-    } else if args.try_lock {
-        let options = quote!(#krate::__private::LockOptions::new() #setters);
-        (
-            quote!(#krate::__private::try_with_lock),
-            quote!(#shape, #client_local, #key_local, #options,),
-        )
     } else {
         let options = quote!(#krate::__private::LockOptions::new() #setters);
-        let millis = args.wait.as_ref().map_or(0, |wait| wait.millis);
-        (
-            quote!(#krate::__private::with_lock),
-            quote!(#shape, #client_local, #key_local, #options,
-                ::core::time::Duration::from_millis(#millis),),
-        )
+        let (name, leading) = match (&primitive, many) {
+            (Some(primitive), _) => (
+                "primitive",
+                quote!(#shape, #client_local, #primitive, #key_local, #options,),
+            ),
+            (None, true) => (
+                "locks",
+                quote!(#shape, #client_local, #key_local, #options,),
+            ),
+            (None, false) => ("lock", quote!(#shape, #client_local, #key_local, #options,)),
+        };
+        if args.try_lock {
+            let function = format_ident!("try_with_{name}");
+            (quote!(#krate::__private::#function), leading)
+        } else {
+            let millis = args.wait.as_ref().map_or(0, |wait| wait.millis);
+            let function = format_ident!("with_{name}");
+            (
+                quote!(#krate::__private::#function),
+                quote!(#leading ::core::time::Duration::from_millis(#millis),),
+            )
+        }
     };
     Generated {
         locals,
@@ -674,6 +726,46 @@ mod tests {
         assert!(out.contains(":: my :: sage :: __private :: try_with_lock (sage_lock_shape"));
         assert!(out.contains("return sage_lock_shape . fake_body () ;"));
         assert!(out.contains("encode_key (& (id))"));
+    }
+
+    #[test]
+    fn modes_pick_their_entry_points() {
+        let out = expand_str(
+            quote!(key = "doc:{id}", wait = "1s", mode = "read"),
+            quote!(
+                async fn read(id: u64) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(out.contains(":: sage_lock :: __private :: with_primitive (sage_lock_shape , sage_lock_client , :: sage_lock :: __private :: Primitive :: Read"), "{out}");
+        let out = expand_str(
+            quote!(key = "pool", try_lock, permits = 3),
+            quote!(
+                async fn run() -> Result<Option<()>, E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(out.contains("try_with_primitive"), "{out}");
+        assert!(out.contains("Primitive :: Semaphore (3u32)"), "{out}");
+        let out = expand_str(
+            quote!(key = ["a:{from}", to], wait = "1s"),
+            quote!(
+                async fn mv(from: u64, to: u64) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(
+            out.contains(":: std :: vec :: Vec < :: std :: vec :: Vec < u8 >"),
+            "{out}"
+        );
+        assert!(
+            out.contains(":: sage_lock :: __private :: with_locks (sage_lock_shape"),
+            "{out}"
+        );
+        assert!(out.contains("encode_key (& (to))"), "{out}");
     }
 
     #[test]

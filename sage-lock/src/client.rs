@@ -18,6 +18,8 @@ use crate::observe::LockStats;
 use crate::options::LockOptions;
 use crate::pool::{DedicatedConnection, PoolError};
 use crate::primitives::mutex::Locks;
+use crate::primitives::rwlock::RwLocks;
+use crate::primitives::semaphore::{Semaphores, validate_permits};
 use crate::retry::deadline_after;
 use crate::topology::Deployment;
 use crate::url::{describe, parse_url};
@@ -122,6 +124,70 @@ impl LockClient {
         let settings = options.resolve();
         settings.validate()?;
         Ok(Locks::new(Arc::clone(&self.inner), settings))
+    }
+
+    /// A family of read-write locks (many readers or one writer per key) with the service-wide
+    /// default options.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: sage_lock::LockClient) -> Result<(), sage_lock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// let rw = client.rw_lock::<str>();
+    /// rw.read("config", Duration::from_secs(2), async { /* shared */ }).await?;
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn rw_lock<K: ?Sized>(&self) -> RwLocks<K> {
+        RwLocks::new(Arc::clone(&self.inner), LockOptions::new().resolve())
+    }
+
+    /// A family of read-write locks with explicit options; unset options take the service-wide
+    /// defaults.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] when the lease is below 30 ms or the namespace is empty.
+    pub fn rw_lock_with<K: ?Sized>(&self, options: LockOptions) -> Result<RwLocks<K>, LockError> {
+        let settings = options.resolve();
+        settings.validate()?;
+        Ok(RwLocks::new(Arc::clone(&self.inner), settings))
+    }
+
+    /// A family of expirable semaphores with `permits` holders per key and the service-wide
+    /// default options. With `permits == 0` every call of the family fails with
+    /// [`LockError::InvalidArgument`]; [`LockClient::semaphore_with`] rejects it up front.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: sage_lock::LockClient) -> Result<(), sage_lock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// let uploads = client.semaphore::<str>(3);
+    /// uploads.acquire("s3", Duration::from_secs(5), async { /* at most 3 at once */ }).await?;
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn semaphore<K: ?Sized>(&self, permits: u32) -> Semaphores<K> {
+        Semaphores::new(
+            Arc::clone(&self.inner),
+            LockOptions::new().resolve(),
+            permits,
+        )
+    }
+
+    /// A family of expirable semaphores with `permits` holders per key and explicit options.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] when `permits` is 0, the lease is below 30 ms or the
+    /// namespace is empty.
+    pub fn semaphore_with<K: ?Sized>(
+        &self,
+        permits: u32,
+        options: LockOptions,
+    ) -> Result<Semaphores<K>, LockError> {
+        validate_permits(permits)?;
+        let settings = options.resolve();
+        settings.validate()?;
+        Ok(Semaphores::new(Arc::clone(&self.inner), settings, permits))
     }
 
     /// The deployment this client talks to.

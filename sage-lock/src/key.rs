@@ -181,6 +181,16 @@ impl LockKeys {
             display: std::sync::Arc::from(printable(key)),
         }
     }
+
+    /// A companion key of this lock, `{ns:key}<suffix>` (same slot): e.g. `:r`, `:w`, `:wi`,
+    /// `:sem`. Suffixes start with `:` and none equals `:fence`, so the layout stays injective
+    /// and distinct from the mutex's `{ns:key}`.
+    pub(crate) fn companion(&self, suffix: &str) -> Bytes {
+        let mut key = Vec::with_capacity(self.lock.len() + suffix.len());
+        key.extend_from_slice(&self.lock);
+        key.extend_from_slice(suffix.as_bytes());
+        Bytes::from(key)
+    }
 }
 
 fn escape_into(bytes: &[u8], escape_colon: bool, out: &mut Vec<u8>) {
@@ -236,6 +246,12 @@ mod tests {
         ] {
             let keys = LockKeys::new(ns, key);
             assert_eq!(keys.slot, fred::util::redis_keyslot(&keys.fence));
+            for suffix in [":r", ":w", ":wi", ":sem"] {
+                let companion = keys.companion(suffix);
+                assert_eq!(keys.slot, fred::util::redis_keyslot(&companion));
+                assert_ne!(companion, keys.lock);
+                assert_ne!(companion, keys.fence);
+            }
             assert_eq!(keys.lock.iter().filter(|b| **b == b'{').count(), 1);
         }
         assert_ne!(

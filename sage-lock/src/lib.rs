@@ -38,6 +38,42 @@
 //! }
 //! ```
 //!
+//! ## Read-write locks, semaphores and several keys
+//!
+//! The same client offers [`RwLocks`] (many readers or one writer per key), [`Semaphores`] (at
+//! most `permits` holders per key, a lease per permit) and all-or-nothing holds of several keys
+//! ([`Locks::with_locks`]), with the mutex's options, errors and guarantees:
+//!
+//! ```no_run
+//! # async fn demo(client: sage_lock::LockClient) -> Result<(), sage_lock::LockError> {
+//! use std::time::Duration;
+//! let wait = Duration::from_secs(2);
+//!
+//! let reports = client.rw_lock::<str>();
+//! let total = reports.read("report:7", wait, async { 42 }).await?;
+//! reports.write("report:7", wait, async { /* alone */ }).await?;
+//!
+//! let exports = client.semaphore::<str>(4);
+//! exports.acquire("export", wait, async { /* one of at most 4 */ }).await?;
+//!
+//! let accounts = client.lock::<str>();
+//! accounts.with_locks(&["account:a", "account:b"], wait, async { /* both */ }).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! [`locked`] has the same modes, checked at compile time:
+//!
+//! ```no_run
+//! #[sage_lock::locked(key = "report:{id}", wait = "2s", mode = "read")]
+//! async fn read_report(id: u64) -> Result<u64, sage_lock::LockError> { Ok(id) }
+//!
+//! #[sage_lock::locked(key = "export", try_lock, permits = 4)]
+//! async fn export() -> Result<Option<()>, sage_lock::LockError> { Ok(()) }
+//!
+//! #[sage_lock::locked(key = ["account:{from}", "account:{to}"], wait = "2s")]
+//! async fn transfer(from: u64, to: u64) -> Result<(), sage_lock::LockError> { Ok(()) }
+//! ```
+//!
 //! ## Limits
 //!
 //! Exclusivity holds only while the lease is valid and the server keeps the key. A long process
@@ -63,6 +99,7 @@ mod error;
 pub mod global;
 mod key;
 mod lease;
+mod macro_modes;
 mod macro_profile;
 mod macro_support;
 mod notify;
@@ -86,6 +123,8 @@ pub use observe::LockStats;
 pub use options::{LockOptions, MIN_LEASE};
 pub use pool::DedicatedConnection;
 pub use primitives::mutex::Locks;
+pub use primitives::rwlock::{RwLocks, WRITER_INTENT};
+pub use primitives::semaphore::Semaphores;
 pub use profile::{Profile, Profiles};
 pub use sage_lock_macros::locked;
 pub use topology::Deployment;
@@ -96,6 +135,7 @@ pub use fred;
 /// What `#[locked]`'s generated code calls. Not a public API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::macro_modes::*;
     pub use crate::macro_profile::*;
     pub use crate::macro_support::*;
 }

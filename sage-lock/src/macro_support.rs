@@ -253,8 +253,8 @@ where
 /// How a `try_lock` function turns the outcomes into its return value `R`, whose body evaluates
 /// to `B`. Made by [`try_lock_shape`], the one place where the return type is checked.
 pub struct TryShape<R, B> {
-    busy: fn() -> R,
-    finished: fn(B) -> R,
+    pub(crate) busy: fn() -> R,
+    pub(crate) finished: fn(B) -> R,
     pub(crate) on_error: fn(LockError) -> R,
 }
 
@@ -295,7 +295,7 @@ where
     }
 }
 
-async fn family(
+pub(crate) async fn family(
     client: Option<LockClient>,
     options: LockOptions,
 ) -> Result<crate::Locks<[u8]>, LockError> {

@@ -85,7 +85,6 @@ pub(crate) enum HoldKind {
     Owner,
     /// The token is a member of a sorted set, scored by its expiry (server ms). Used by the
     /// primitives that keep several holders per key (semaphore, read lock).
-    #[allow(dead_code)]
     Member,
 }
 

@@ -22,6 +22,7 @@ fn target(kind: ServerKind) -> Target {
 }
 
 common::behaviour_suite!(target);
+common::primitives::primitive_suite!(target);
 
 /// Locks spread over all three shards, and each shard's lock key sits with its fencing counter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

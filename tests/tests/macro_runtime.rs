@@ -456,3 +456,90 @@ async fn client_from_self_in_impls() {
         release(release_tx, holder).await;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// `mode`, `permits` and `key = [..]` run on the primitive they name.
+
+#[locked(key = "doc:{id}", wait = "2s", mode = "read", namespace = "macro-modes", client = client)]
+async fn read_doc(client: &LockClient, id: u64, pause: Duration) -> Result<u64, AppError> {
+    tokio::time::sleep(pause).await;
+    Ok(id)
+}
+
+#[locked(key = "doc:{id}", try_lock, mode = "write", namespace = "macro-modes", client = client)]
+async fn try_write_doc(client: &LockClient, id: u64) -> Result<Option<u64>, AppError> {
+    Ok(id)
+}
+
+#[locked(key = "pool", try_lock, permits = 2, namespace = "macro-modes", client = client)]
+async fn try_pool(client: &LockClient) -> Result<Option<()>, AppError> {
+    Ok(())
+}
+
+#[locked(key = "pool", wait = "2s", permits = 2, namespace = "macro-modes", client = client)]
+async fn hold_pool(client: &LockClient, pause: Duration) -> Result<(), AppError> {
+    tokio::time::sleep(pause).await;
+    Ok(())
+}
+
+#[locked(key = ["acct:{from}", "acct:{to}"], wait = "2s", namespace = "macro-modes", client = client)]
+async fn transfer(client: &LockClient, from: u64, to: u64) -> Result<String, AppError> {
+    Ok(current_lease()
+        .map(|l| l.key().to_owned())
+        .unwrap_or_default())
+}
+
+/// Readers share (a writer's try fails meanwhile), a 2-permit semaphore admits 2, several keys
+/// lock the mutex keys and report the first key's lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn modes_use_their_primitives() {
+    for kind in ServerKind::ALL {
+        let client = client(kind).await;
+        let id = u64::from(rand::random::<u32>());
+        let pause = Duration::from_millis(300);
+        let started = Instant::now();
+        let (a, b, write) = tokio::join!(
+            read_doc(&client, id, pause),
+            read_doc(&client, id, pause),
+            async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                try_write_doc(&client, id).await
+            }
+        );
+        assert_eq!((a.expect("reader"), b.expect("reader")), (id, id));
+        assert!(started.elapsed() < pause * 2, "readers did not overlap");
+        assert!(
+            matches!(write, Ok(None)),
+            "a writer got in with readers: {write:?}"
+        );
+        assert!(matches!(try_write_doc(&client, id).await, Ok(Some(_))));
+
+        let (one, two, third) = tokio::join!(
+            hold_pool(&client, pause),
+            hold_pool(&client, pause),
+            async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                try_pool(&client).await
+            }
+        );
+        one.expect("first permit");
+        two.expect("second permit");
+        assert!(
+            matches!(third, Ok(None)),
+            "a third holder got in: {third:?}"
+        );
+
+        let from = format!("acct:{id}");
+        let locks = hand_locks(&client, "macro-modes");
+        let busy = locks
+            .with_lock(&from, Duration::from_secs(1), async {
+                tokio::time::timeout(Duration::from_millis(300), transfer(&client, id, id + 1))
+                    .await
+            })
+            .await
+            .expect("hand lock");
+        assert!(busy.is_err(), "transfer ran while one of its keys was held");
+        let key = transfer(&client, id, id + 1).await.expect("transfer");
+        assert_eq!(key, from, "current_lease is the first key's");
+    }
+}

@@ -31,6 +31,7 @@ fn target(kind: ServerKind) -> Target {
 }
 
 common::behaviour_suite!(target);
+common::primitives::primitive_suite!(target);
 
 /// Acquisition and renewal on a replicated deployment send ROLE and WAIT; the write reaches the
 /// replicas before the body starts.

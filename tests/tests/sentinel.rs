@@ -19,6 +19,7 @@ fn target(kind: ServerKind) -> Target {
 }
 
 common::behaviour_suite!(target);
+common::primitives::primitive_suite!(target);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_url_is_a_replicated_deployment() {

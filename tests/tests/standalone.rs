@@ -12,6 +12,7 @@ use sage_lock::{LockClient, LockError, LockOptions, Locks, TimeoutReason};
 use tokio::io::AsyncBufReadExt as _;
 
 common::behaviour_suite!(Target::standalone);
+common::primitives::primitive_suite!(Target::standalone);
 
 /// A standalone client never sends ROLE or WAIT.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -238,6 +239,87 @@ async fn many_leases_renew_in_batches() {
             "{}: {} renewals in {renewal_calls} calls",
             kind.name(),
             stats.renewals
+        );
+    }
+}
+
+/// Runs `primitive_worker` processes (`(mode, rounds)` each) against `url` in `namespace`;
+/// returns each one's `(holds, violations)`.
+async fn run_workers(url: &str, namespace: &str, workers: &[(&str, &str)]) -> Vec<(u64, u64)> {
+    let children: Vec<_> = workers
+        .iter()
+        .map(|(mode, rounds)| {
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_primitive_worker"))
+                .args([url, namespace, mode, rounds])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("spawn primitive_worker")
+        })
+        .collect();
+    let mut results = Vec::new();
+    for ((mode, _), child) in workers.iter().zip(children) {
+        let out = child.wait_with_output().await.expect("worker output");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{mode} worker failed: {out:?}");
+        let words: Vec<&str> = stdout.split_whitespace().collect();
+        let [_, holds, _, violations, ..] = words.as_slice() else {
+            panic!("{mode} worker said {stdout:?}");
+        };
+        results.push((
+            holds.parse().expect("holds"),
+            violations.parse().expect("violations"),
+        ));
+    }
+    results
+}
+
+/// Invariants across 4 processes: never a writer with a reader or another writer, and a writer
+/// behind a stream of readers gets in within its wait; never more than `permits` holders;
+/// multi-key callers in opposite orders never deadlock nor overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn primitive_invariants_hold_across_processes() {
+    for kind in ServerKind::ALL {
+        let url = harness::shared(kind).url();
+        let ns = |name: &str| format!("procs-{name}-{}-{}", kind.name(), rand::random::<u32>());
+        let (rw_ns, sem_ns, multi_ns) = (ns("rw"), ns("sem"), ns("multi"));
+        let rw = run_workers(
+            &url,
+            &rw_ns,
+            &[
+                ("read-stream", "1500"),
+                ("read-stream", "1500"),
+                ("read-stream", "1500"),
+                ("write", "5"),
+            ],
+        );
+        let sem = run_workers(&url, &sem_ns, &[("sem:2", "12"); 4]);
+        let multi = run_workers(
+            &url,
+            &multi_ns,
+            &[
+                ("multi-ab", "10"),
+                ("multi-ba", "10"),
+                ("multi-ab", "10"),
+                ("multi-ba", "10"),
+            ],
+        );
+        let (rw, sem, multi) = tokio::join!(rw, sem, multi);
+        let name = kind.name();
+        assert!(
+            rw.iter().all(|(_, v)| *v == 0),
+            "{name}: a writer overlapped: {rw:?}"
+        );
+        assert!(rw[..3].iter().all(|(h, _)| *h > 0), "{name}: {rw:?}");
+        assert_eq!(rw[3].0, 5, "{name}: the writer was starved: {rw:?}");
+        assert!(
+            sem.iter().all(|&(h, v)| h == 12 && v == 0),
+            "{name}: more than 2 permit holders: {sem:?}"
+        );
+        assert!(
+            multi.iter().all(|&(h, v)| h == 10 && v == 0),
+            "{name}: multi-key holders overlapped or stalled: {multi:?}"
         );
     }
 }

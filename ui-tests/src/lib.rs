@@ -323,3 +323,39 @@ pub async fn one_expression(id: u64) -> Result<u64, LockError> { Ok(id) }
 #[rustfmt::skip]
 #[locked(key = "one:{id}", try_lock)]
 pub async fn one_expression_try(id: u64) -> Result<Option<u64>, LockError> { Ok(id) }
+
+/// A read lock (`mode = "read"`): shared with other readers.
+///
+/// # Errors
+/// When the lock cannot be held.
+#[locked(key = "report:{id}", wait = "2s", mode = "read")]
+pub async fn read_report(id: u64) -> Result<u64, AppError> {
+    Ok(id)
+}
+
+/// A write lock with `try_lock`.
+///
+/// # Errors
+/// When the lock cannot be checked.
+#[locked(key = "report:{id}", try_lock, mode = "write")]
+pub async fn rebuild_report(id: u64) -> Result<Option<u64>, AppError> {
+    Ok(id)
+}
+
+/// A semaphore (`permits = N`): at most 4 at a time.
+///
+/// # Errors
+/// When no permit can be held.
+#[locked(key = "export:{tenant}", wait = "1m", permits = 4)]
+pub async fn export(tenant: &str) -> anyhow::Result<usize> {
+    Ok(tenant.len())
+}
+
+/// Several keys (`key = [..]`): all or none.
+///
+/// # Errors
+/// When the locks cannot be held.
+#[locked(key = ["account:{from}", "account:{to}"], wait = "2s", client = client)]
+pub async fn transfer(client: Arc<LockClient>, from: u64, to: u64) -> Result<u64, AppError> {
+    Ok(from + to)
+}

@@ -52,6 +52,9 @@ const CRITICAL_SECTION: Duration = Duration::from_millis(1);
 /// Lease of the latency, throughput and contention scenarios (no renewal happens in them).
 const LEASE: Duration = Duration::from_secs(10);
 
+/// Tasks of the primitives scenario.
+const PRIMITIVE_TASKS: usize = 8;
+
 /// Commands sage-lock's scripts run inside the server (`INFO commandstats` counts them too).
 /// Every command sage-lock sends is a script (`EVALSHA`, `EVAL` after `NOSCRIPT`).
 const SAGE_NESTED: &[&str] = &[
@@ -202,6 +205,9 @@ async fn run() -> anyhow::Result<()> {
     eprintln!("throughput: SET, sage-lock, rslock (interleaved) ...");
     let throughput = throughput_suite(&fred, &locks, &manager, &plan).await?;
     report_throughput(&mut report, &throughput);
+
+    eprintln!("primitives: mutex, read lock, semaphore ({PRIMITIVE_TASKS} tasks) ...");
+    primitives_suite(&mut report, &client, &plan).await?;
 
     eprintln!("contention ...");
     contention_suite(&mut report, &client, &locks, &manager, &plan, rtt_us).await?;
@@ -472,6 +478,88 @@ async fn sage_throughput(locks: &Locks<str>, window: Duration) -> anyhow::Result
         }
     })
     .await
+}
+
+// --- primitives ---------------------------------------------------------------------------------
+
+/// The read lock with [`PRIMITIVE_TASKS`] readers on one key, and a semaphore with as many permits
+/// on one key, against the uncontended mutex ([`PRIMITIVE_TASKS`] tasks on distinct keys): readers
+/// do not exclude each other, so the goal is to be close to the mutex.
+async fn primitives_suite(
+    report: &mut Report,
+    client: &LockClient,
+    plan: &Plan,
+) -> anyhow::Result<()> {
+    let options = || {
+        LockOptions::new()
+            .lease(LEASE)
+            .namespace("bench-primitives")
+    };
+    let mutex = client.lock_with::<str>(options())?;
+    let rw = client.rw_lock_with::<str>(options())?;
+    let permits = u32::try_from(PRIMITIVE_TASKS)?;
+    let semaphore = client.semaphore_with::<str>(permits, options())?;
+    let window = plan.window / 3;
+    let (mut mutex_ops, mut read_ops, mut sem_ops) = (0, 0, 0);
+    // Interleaved, so that a noisy machine shifts all three alike.
+    for _ in 0..3 {
+        let locks = mutex.clone();
+        mutex_ops += run_for(PRIMITIVE_TASKS, window, move |task| {
+            let (locks, key) = (locks.clone(), format!("mutex:{task}"));
+            async move {
+                locks.with_lock(key.as_str(), LEASE, async {}).await?;
+                Ok(true)
+            }
+        })
+        .await?;
+        let readers = rw.clone();
+        read_ops += run_for(PRIMITIVE_TASKS, window, move |_| {
+            let readers = readers.clone();
+            async move {
+                readers.read("shared", LEASE, async {}).await?;
+                Ok(true)
+            }
+        })
+        .await?;
+        let holders = semaphore.clone();
+        sem_ops += run_for(PRIMITIVE_TASKS, window, move |_| {
+            let holders = holders.clone();
+            async move {
+                holders.acquire("shared", LEASE, async {}).await?;
+                Ok(true)
+            }
+        })
+        .await?;
+    }
+    let seconds = (window * 3).as_secs_f64();
+    let rate = |ops: u64| to_f64(ops) / seconds;
+    let mutex_rate = rate(mutex_ops);
+    report.info(
+        &format!("mutex, {PRIMITIVE_TASKS} tasks"),
+        "cycles/s, distinct keys (uncontended)",
+        mutex_rate,
+        "/s",
+    );
+    report.ratio(
+        "read lock",
+        &format!("cycles/s, {PRIMITIVE_TASKS} readers, one key / mutex"),
+        (rate(read_ops), "/s"),
+        rate(read_ops) / mutex_rate,
+        Some(Goal::AtLeast(0.8)),
+    );
+    report.ratio(
+        "semaphore",
+        &format!("cycles/s, {PRIMITIVE_TASKS} holders of {permits} permits, one key / mutex"),
+        (rate(sem_ops), "/s"),
+        rate(sem_ops) / mutex_rate,
+        None,
+    );
+    report.detail(
+        "primitives",
+        json!({"tasks": PRIMITIVE_TASKS, "mutex_cycles_per_s": mutex_rate,
+               "read_cycles_per_s": rate(read_ops), "semaphore_cycles_per_s": rate(sem_ops)}),
+    );
+    Ok(())
 }
 
 // --- contention ---------------------------------------------------------------------------------

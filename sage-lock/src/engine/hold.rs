@@ -72,7 +72,7 @@ pub(crate) async fn hold<F: Future>(
 /// Resolves once the usable lease has run out without being extended: the safety net behind the
 /// renewer's own loss report. Fires a drift margin after the lease's end (still before the
 /// server-side expiry) so the renewer, which gives up at the end, normally reports first.
-async fn lease_ran_out(lease: &Lease) {
+pub(super) async fn lease_ran_out(lease: &Lease) {
     loop {
         let valid_until = lease.valid_until();
         tokio::time::sleep_until(valid_until + lease.margin() / 2).await;

@@ -8,6 +8,7 @@
 
 mod acquire;
 mod hold;
+mod multi;
 mod reentry;
 mod waiters;
 
@@ -28,6 +29,7 @@ use crate::scripts::ScriptCall;
 
 pub(crate) use acquire::{Mode, acquire};
 pub(crate) use hold::{Held, hold};
+pub(crate) use multi::{Unit, run_all};
 pub(crate) use waiters::Waiters;
 
 /// How long [`Locks::try_with_lock`](crate::Locks::try_with_lock) retries transient failures at
@@ -143,4 +145,30 @@ pub(crate) async fn run<F: Future>(
     };
     // Boxed, so the caller's future stays small whatever the body.
     Box::pin(hold(held, &settings, body, span)).await.map(Some)
+}
+
+/// [`run`] in [`Mode::Wait`], for the primitives' waiting calls: a zero `wait` is
+/// [`LockError::InvalidArgument`] (`try_fn` names the call that does not wait).
+pub(crate) async fn run_waiting<F: Future>(
+    engine: Arc<Engine>,
+    rules: Arc<dyn Rules>,
+    settings: Arc<LockSettings>,
+    keys: Arc<LockKeys>,
+    wait: Duration,
+    try_fn: &'static str,
+    body: F,
+) -> Result<F::Output, LockError> {
+    if wait.is_zero() {
+        return Err(LockError::invalid(
+            "wait_timeout",
+            format!("must be positive, e.g. Duration::from_secs(2); use {try_fn} to not wait"),
+        ));
+    }
+    match run(engine, rules, settings, keys, Mode::Wait(wait), body).await? {
+        Some(output) => Ok(output),
+        None => Err(LockError::invalid(
+            "wait_timeout",
+            "internal: busy result in waiting mode",
+        )),
+    }
 }

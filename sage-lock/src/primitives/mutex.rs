@@ -141,7 +141,7 @@ static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE))
 static SHORTEN_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SHORTEN));
 
 /// The keys of one mutex's scripts: lock, fence, waiter queue, waiter deadlines.
-fn script_keys(keys: &LockKeys) -> Vec<Bytes> {
+pub(super) fn script_keys(keys: &LockKeys) -> Vec<Bytes> {
     vec![
         keys.lock.clone(),
         keys.fence.clone(),
@@ -226,8 +226,8 @@ static MUTEX: LazyLock<Arc<dyn Rules>> = LazyLock::new(|| Arc::new(MutexRules));
 /// [`LockClient::lock_with`](crate::LockClient::lock_with); cheap to clone. See
 /// [`Locks::with_lock`] for an example.
 pub struct Locks<K: ?Sized> {
-    engine: Arc<Engine>,
-    settings: Arc<LockSettings>,
+    pub(super) engine: Arc<Engine>,
+    pub(super) settings: Arc<LockSettings>,
     _key: PhantomData<fn(&K)>,
 }
 
@@ -365,7 +365,7 @@ impl<K: ?Sized> Locks<K> {
         engine::run(engine, Arc::clone(&MUTEX), settings, keys, Mode::Try, body)
     }
 
-    fn keys<Q: KeyCodec + ?Sized>(&self, key: &Q) -> Arc<LockKeys> {
+    pub(super) fn keys<Q: KeyCodec + ?Sized>(&self, key: &Q) -> Arc<LockKeys> {
         let mut encoded = Vec::new();
         key.encode_key(&mut encoded);
         Arc::new(LockKeys::new(&self.settings.namespace, &encoded))

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use harness::ServerKind;
 use sage_lock::{LockClient, LockError, LockOptions, Locks, LossReason, TimeoutReason};
 
+pub mod primitives;
+
 /// Defines one `#[tokio::test]` per named behaviour of this module, each run against
 /// `$target(kind)` for both server kinds.
 #[allow(unused_macros)] // not every test binary uses it

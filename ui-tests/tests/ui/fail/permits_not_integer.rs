@@ -1,0 +1,8 @@
+use sage_lock::locked;
+
+#[locked(key = "pool", wait = "2s", permits = "4")]
+async fn run() -> anyhow::Result<()> {
+    Ok(())
+}
+
+fn main() {}
