@@ -51,13 +51,10 @@ end
 const ACQUIRE: &str = concat!(
     r"
 local now
-local function clock()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 local head = redis.call('LINDEX', KEYS[3], 0)
 if head then
-  now = clock()
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 ",
     prune_head!(),
     r"
@@ -77,7 +74,10 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 local ttl = tonumber(ARGV[3])
 if ttl > 0 then
-  now = now or clock()
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
   if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then
     redis.call('RPUSH', KEYS[3], ARGV[1])
   end
@@ -102,14 +102,15 @@ const RELEASE: &str = concat!(
     r"
 local released = 0
 if redis.call('GET', KEYS[1]) == ARGV[1] then
+  -- A holder is never queued (a grant takes it out of the queue).
   redis.call('DEL', KEYS[1])
   released = 1
-end
-local left = redis.call('ZREM', KEYS[4], ARGV[1])
-if left == 1 then
+elseif redis.call('ZREM', KEYS[4], ARGV[1]) == 1 then
   redis.call('LREM', KEYS[3], 1, ARGV[1])
-end
-if released == 0 and (left == 0 or redis.call('EXISTS', KEYS[1]) == 1) then
+  if redis.call('EXISTS', KEYS[1]) == 1 then
+    return 0
+  end
+else
   return 0
 end
 local head = redis.call('LINDEX', KEYS[3], 0)
