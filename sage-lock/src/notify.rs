@@ -118,6 +118,12 @@ impl Notifier {
         }
     }
 
+    /// A release by this process named `head` as the next owner of `lock_key`: wakes it now if
+    /// it is this process's waiter (the message that follows is then skipped as a duplicate).
+    pub(crate) fn wake_local(&self, lock_key: &[u8], head: &[u8]) {
+        deliver(&self.shared, &channel(lock_key), head);
+    }
+
     /// Closes the subscriber connection, if one was opened.
     pub(crate) async fn close(&self) {
         if let Some(subscriber) = self.subscriber.get() {
@@ -250,7 +256,7 @@ fn spawn_listener(client: &Client, shared: Weak<Shared>) {
                 message = messages.recv() => match message {
                     Ok(message) => {
                         let Some(shared) = shared.upgrade() else { return };
-                        deliver(&shared, message.channel.as_bytes(), &message.value);
+                        deliver_message(&shared, message.channel.as_bytes(), &message.value);
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                         let Some(shared) = shared.upgrade() else { return };
@@ -274,13 +280,21 @@ fn spawn_listener(client: &Client, shared: Weak<Shared>) {
     });
 }
 
-fn deliver(shared: &Shared, channel: &[u8], payload: &fred::types::Value) {
-    let Some(head) = payload.as_bytes() else {
-        return;
-    };
+fn deliver_message(shared: &Shared, channel: &[u8], payload: &fred::types::Value) {
+    if let Some(head) = payload.as_bytes() {
+        deliver(shared, channel, head);
+    }
+}
+
+/// Wakes the local waiter named `head`, once per head (a release's reply and its message both
+/// name it).
+fn deliver(shared: &Shared, channel: &[u8], head: &[u8]) {
     if let Ok(mut channels) = shared.channels.lock()
         && let Some(entry) = channels.get_mut(channel)
     {
+        if entry.last.as_deref() == Some(head) {
+            return;
+        }
         if entry.token.as_deref() == Some(head) {
             entry.wake.notify_one();
         }
@@ -372,25 +386,23 @@ mod tests {
     async fn only_the_named_token_is_woken() {
         let notifier = Notifier::new(Client::default());
         let watch = notifier.watch(b"{l:a}", Bytes::from_static(b"mine"));
-        let other = fred::types::Value::from("theirs");
-        deliver(&notifier.shared, b"{l:a}:released", &other);
+        deliver(&notifier.shared, b"{l:a}:released", b"theirs");
         let woken = tokio::time::timeout(Duration::from_millis(20), watch.notified()).await;
         assert!(woken.is_err(), "woken by another waiter's notification");
-        let mine = fred::types::Value::from("mine");
-        deliver(&notifier.shared, b"{l:a}:released", &mine);
+        notifier.wake_local(b"{l:a}", b"mine");
         let woken = tokio::time::timeout(Duration::from_millis(200), watch.notified()).await;
         assert!(woken.is_ok());
+        // The message for the same release is a duplicate: no second wake-up.
+        deliver_message(&notifier.shared, b"{l:a}:released", &"mine".into());
+        let again = tokio::time::timeout(Duration::from_millis(20), watch.notified()).await;
+        assert!(again.is_err(), "woken twice for one release");
     }
 
     #[tokio::test]
     async fn a_message_just_before_the_watch_is_not_lost() {
         let notifier = Notifier::new(Client::default());
         let early = notifier.watch(b"{l:a}", Bytes::from_static(b"first"));
-        deliver(
-            &notifier.shared,
-            b"{l:a}:released",
-            &fred::types::Value::from("late"),
-        );
+        deliver(&notifier.shared, b"{l:a}:released", b"late");
         let watch = notifier.watch(b"{l:a}", Bytes::from_static(b"late"));
         let woken = tokio::time::timeout(Duration::from_millis(200), watch.notified()).await;
         assert!(woken.is_ok(), "the early message was lost");

@@ -112,6 +112,25 @@ pub(crate) fn parse_acquire(value: Value) -> Result<AcquireReply, Error> {
     }
 }
 
+/// Parses a release reply: `1 | 0`, or `{1 | 0, head}` from a primitive whose release names the
+/// next waiter in its queue (`head`: that waiter's token, or nil/false when none).
+pub(crate) fn parse_release(value: &Value) -> Result<(bool, Option<Bytes>), Error> {
+    match value {
+        Value::Array(items) => match items.as_slice() {
+            [flag, head] => Ok((
+                parse_flag(flag)?,
+                head.as_bytes().map(Bytes::copy_from_slice),
+            )),
+            [flag] => Ok((parse_flag(flag)?, None)),
+            _ => Err(Error::new(
+                ErrorKind::Protocol,
+                "unexpected reply to a release script",
+            )),
+        },
+        other => Ok((parse_flag(other)?, None)),
+    }
+}
+
 /// Parses the 0/1 reply of the renew and release scripts.
 pub(crate) fn parse_flag(value: &Value) -> Result<bool, Error> {
     match value.as_i64() {
@@ -140,6 +159,18 @@ mod tests {
             Some(AcquireReply::Busy { pttl_ms: 250 })
         );
         assert!(parse_acquire(Value::Null).is_err());
+    }
+
+    #[test]
+    fn release_replies_with_and_without_a_head() {
+        assert_eq!(parse_release(&Value::Integer(1)).ok(), Some((true, None)));
+        let named = Value::Array(vec![Value::Integer(1), Value::from("t")]);
+        assert_eq!(
+            parse_release(&named).ok(),
+            Some((true, Some(Bytes::from_static(b"t"))))
+        );
+        let none = Value::Array(vec![Value::Integer(0), Value::Null]);
+        assert_eq!(parse_release(&none).ok(), Some((false, None)));
     }
 
     #[test]

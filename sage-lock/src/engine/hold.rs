@@ -16,7 +16,7 @@ use crate::lease::{Lease, scope};
 use crate::observe::{Event, Metrics};
 use crate::options::LockSettings;
 use crate::renewal::{Registration, Renewal};
-use crate::scripts::parse_flag;
+use crate::scripts::parse_release;
 
 /// Runs `body` while `held` lasts: renewed in the background, cancelled on loss, released after.
 pub(crate) async fn hold<F: Future>(
@@ -206,11 +206,15 @@ async fn release_now(
         .conn
         .run_plain(&call, Instant::now() + RELEASE_TIMEOUT)
         .await
-        .and_then(|reply| Ok(parse_flag(&reply)?));
+        .and_then(|reply| Ok(parse_release(&reply)?));
     if keep_for.is_none() {
-        engine.waiters.wake_one(&keys.lock);
+        match outcome.as_ref().ok().and_then(|(_, head)| head.as_ref()) {
+            // The next waiter is named: if it is ours, wake it now (its message is skipped).
+            Some(head) => engine.notifier.wake_local(&keys.lock, head),
+            None => engine.waiters.wake_one(&keys.lock),
+        }
     }
-    match outcome {
+    match outcome.map(|(released, _)| released) {
         Ok(true) => {
             if let Some(keep_for) = keep_for {
                 tracing::debug!(?keep_for, "lock kept for its minimum hold");

@@ -50,7 +50,8 @@ pub(crate) const QUEUED_POLL: Duration = Duration::from_millis(500);
 ///
 /// The acquire script replies `{1, fencing_token}` when granted (also when the key already holds
 /// this token, so a retry after an unknown outcome is safe) or `{0, pttl_ms}` when busy; the
-/// release script replies 1 when it removed this token's hold, else 0; the shorten script
+/// release script replies 1 when it removed this token's hold, else 0 (or `{1 | 0, head}` when
+/// it notified the queue's next waiter `head`, see [`Rules::notifies`]); the shorten script
 /// replies 1 when it set this token's hold to expire in `keep_for`, else 0.
 pub(crate) trait Rules: Send + Sync + fmt::Debug {
     /// One acquisition attempt by `token` for `lease`.

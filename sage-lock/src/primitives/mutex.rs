@@ -97,7 +97,8 @@ return {0, pttl}
 /// Release. KEYS as for acquire; ARGV: token, release channel. Deletes the lock while it holds
 /// this token and takes the token out of the queue; if that freed the lock or changed the head,
 /// publishes the live head's token on the channel (`SPUBLISH`, under `pcall` so a server or ACL
-/// without sharded pub/sub only costs waiters a poll). Replies 1 when it removed the hold.
+/// without sharded pub/sub only costs waiters a poll). Replies 1 when it removed the hold, else 0;
+/// `{1 | 0, head}` when it published, so this process can wake its own waiter at once.
 const RELEASE: &str = concat!(
     r"
 local released = 0
@@ -122,6 +123,7 @@ if head then
     r"
   if head then
     redis.pcall('SPUBLISH', ARGV[2], head)
+    return {released, head}
   end
 end
 return released
