@@ -83,27 +83,59 @@ impl LockClient {
         LockClientBuilder::default()
     }
 
-    /// Wraps an existing fred client. It should already be connected (`init`), and should not
-    /// re-send commands on its own (`max_command_attempts = 1`), so that the lock layer owns
-    /// retries. The deployment is read from its configuration.
+    /// A lock client for the deployment an existing fred client is configured for.
+    ///
+    /// Taken from `client`: its server configuration (servers, credentials, TLS, database,
+    /// Sentinel or cluster settings), its connection settings (connect timeout, TCP options, ...)
+    /// and its performance settings. Enforced whatever `client` says, because lock safety relies
+    /// on them: fred never re-sends a command (`max_command_attempts = 1`; a replayed `WAIT`
+    /// would fake an acknowledgement), it reconnects forever (20 ms doubling to 1 s), also after
+    /// `READONLY` and `MASTERDOWN` replies, and commands time out after 5 s. The lock client
+    /// opens connections of its own (`client` is left untouched) and closes them when its last
+    /// clone is dropped. The deployment is read from the configuration; to declare a plain
+    /// server replicated, use `LockClient::builder().fred_client(&client).replicated(true)`.
+    ///
+    /// Call it inside a Tokio runtime: the connection starts at once, in the background.
     #[must_use]
     pub fn from_fred(client: Client) -> LockClient {
         let deployment = Deployment::of(&client.client_config().server);
+        let settings = LockClientBuilder::default();
+        let rebuilt = build_fred(
+            client.client_config(),
+            client.connection_config().clone(),
+            client.perf_config(),
+            &settings,
+        );
+        let Ok(fred) = rebuilt else {
+            tracing::warn!("could not rebuild the fred client; using it as configured");
+            return LockClient::from_parts(
+                client,
+                None,
+                deployment,
+                DEFAULT_MAX_CONNECTIONS,
+                settings.command_timeout,
+            );
+        };
+        let task = tokio::runtime::Handle::try_current()
+            .ok()
+            .map(|_| fred.connect());
         LockClient::from_parts(
-            client,
+            fred,
+            task,
             deployment,
             DEFAULT_MAX_CONNECTIONS,
-            Duration::from_secs(5),
+            settings.command_timeout,
         )
     }
 
     fn from_parts(
         fred: Client,
+        task: Option<fred::types::ConnectHandle>,
         deployment: Deployment,
         max_connections: usize,
         command_timeout: Duration,
     ) -> LockClient {
-        let conn = Connection::new(fred, deployment, max_connections, command_timeout);
+        let conn = Connection::new(fred, task, deployment, max_connections, command_timeout);
         LockClient {
             inner: Arc::new(Engine::new(conn)),
         }
@@ -297,7 +329,6 @@ impl LockClient {
 ///     .await?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug)]
 pub struct LockClientBuilder {
     config: Result<Config, LockError>,
     replicated: Option<bool>,
@@ -305,6 +336,31 @@ pub struct LockClientBuilder {
     command_timeout: Duration,
     connect_timeout: Duration,
     reconnect: ReconnectPolicy,
+}
+
+/// Shows where the builder connects, never credentials (fred's `Config` prints its password).
+impl fmt::Debug for LockClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let target = match &self.config {
+            Ok(config) => describe(config),
+            Err(error) => format!("invalid: {error}"),
+        };
+        let has_password = self
+            .config
+            .as_ref()
+            .is_ok_and(|config| config.password.is_some());
+        f.debug_struct("LockClientBuilder")
+            .field("target", &target)
+            .field(
+                "password",
+                &if has_password { "<redacted>" } else { "none" },
+            )
+            .field("replicated", &self.replicated)
+            .field("max_connections", &self.max_connections)
+            .field("command_timeout", &self.command_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for LockClientBuilder {
@@ -333,6 +389,15 @@ impl LockClientBuilder {
     pub fn config(mut self, config: Config) -> Self {
         self.config = Ok(config);
         self
+    }
+
+    /// The server configuration of an existing fred client (servers, credentials, TLS,
+    /// database), with this builder's connection settings. The lock client opens connections of
+    /// its own; `client` is left untouched. Use it to declare a caller's plain client
+    /// [`replicated`](LockClientBuilder::replicated).
+    #[must_use]
+    pub fn fred_client(self, client: &Client) -> Self {
+        self.config(client.client_config())
     }
 
     /// Declares that a plain `redis://` server is the primary of a replicated deployment, so
@@ -377,8 +442,8 @@ impl LockClientBuilder {
     /// # Errors
     /// [`LockError::InvalidArgument`] for a bad URL or setting, [`LockError::Backend`] when the
     /// server cannot be reached in time.
-    pub async fn connect(self) -> Result<LockClient, LockError> {
-        let config = self.config?;
+    pub async fn connect(mut self) -> Result<LockClient, LockError> {
+        let config = std::mem::replace(&mut self.config, Ok(Config::default()))?;
         if self.max_connections == 0 {
             return Err(LockError::invalid(
                 "max_connections",
@@ -396,31 +461,24 @@ impl LockClientBuilder {
             deployment = Deployment::Replicated;
         }
         let target = describe(&config);
-        let mut builder = Builder::from_config(config);
-        builder
-            .set_policy(self.reconnect)
-            .with_connection_config(|conn| {
-                // The lock layer owns retries: fred must never re-send a command on its own.
-                conn.max_command_attempts = 1;
-                conn.connection_timeout = self.connect_timeout;
-                conn.internal_command_timeout = self.command_timeout;
-                conn.reconnect_errors
-                    .push(fred::types::config::ReconnectError::MasterDown);
-            })
-            .with_performance_config(|perf| {
-                perf.default_command_timeout = self.command_timeout;
-            });
-        let fred = builder.build().map_err(|e| {
-            LockError::backend(format!("could not configure a client for {target}"), e)
-        })?;
+        let fred = build_fred(
+            config,
+            fred::types::config::ConnectionConfig::default(),
+            fred::types::config::PerformanceConfig::default(),
+            &self,
+        )
+        .map_err(|e| LockError::backend(format!("could not configure a client for {target}"), e))?;
         let connected = tokio::time::timeout(self.connect_timeout, fred.init()).await;
-        let failure = match connected {
-            Ok(Ok(_task)) => None,
-            Ok(Err(error)) => Some(error),
-            Err(_) => Some(Error::new(
-                fred::error::ErrorKind::Timeout,
-                format!("no connection within {:?}", self.connect_timeout),
-            )),
+        let (failure, task) = match connected {
+            Ok(Ok(task)) => (None, Some(task)),
+            Ok(Err(error)) => (Some(error), None),
+            Err(_) => (
+                Some(Error::new(
+                    fred::error::ErrorKind::Timeout,
+                    format!("no connection within {:?}", self.connect_timeout),
+                )),
+                None,
+            ),
         };
         if let Some(error) = failure {
             let _ = tokio::time::timeout(Duration::from_secs(1), fred.quit()).await;
@@ -431,9 +489,41 @@ impl LockClientBuilder {
         }
         Ok(LockClient::from_parts(
             fred,
+            task,
             deployment,
             self.max_connections,
             self.command_timeout,
         ))
     }
+}
+
+/// A fred client for `config` with the settings lock safety relies on (see
+/// [`LockClient::from_fred`]); `connection` and `perf` supply everything else.
+fn build_fred(
+    config: Config,
+    mut connection: fred::types::config::ConnectionConfig,
+    mut perf: fred::types::config::PerformanceConfig,
+    settings: &LockClientBuilder,
+) -> Result<Client, Error> {
+    // The lock layer owns retries: fred must never re-send a command on its own.
+    connection.max_command_attempts = 1;
+    connection.connection_timeout = settings.connect_timeout;
+    connection.internal_command_timeout = settings.command_timeout;
+    // A demoted primary answers READONLY without dropping the connection: reconnect (through
+    // Sentinel, to the new primary) instead of failing writes until then.
+    for error in [
+        fred::types::config::ReconnectError::MasterDown,
+        fred::types::config::ReconnectError::ReadOnly,
+    ] {
+        if !connection.reconnect_errors.contains(&error) {
+            connection.reconnect_errors.push(error);
+        }
+    }
+    perf.default_command_timeout = settings.command_timeout;
+    let mut builder = Builder::from_config(config);
+    builder
+        .set_policy(settings.reconnect.clone())
+        .set_connection_config(connection)
+        .set_performance_config(perf);
+    builder.build()
 }

@@ -14,7 +14,7 @@ use fred::types::config::Server;
 use tokio::time::Instant;
 
 use crate::observe::Stats;
-use crate::pool::{DedicatedPool, PoolError, close_in_background};
+use crate::pool::{DedicatedPool, Link, Loan, PoolError, close_in_background};
 use crate::retry::deadline_after;
 use crate::scripts::{ScriptCall, is_noscript};
 use crate::topology::{Checked, Deployment, ReplicaHints, run_checked};
@@ -27,11 +27,16 @@ pub(crate) struct Connection {
     pub(crate) hints: ReplicaHints,
     pub(crate) stats: Stats,
     pub(crate) command_timeout: Duration,
+    /// The task driving the shared connection, aborted when the client is dropped.
+    task: std::sync::Mutex<Option<fred::types::ConnectHandle>>,
+    /// Set while a forced reconnection of the shared connection is under way.
+    reconnecting: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Connection {
     pub(crate) fn new(
         fred: Client,
+        task: Option<fred::types::ConnectHandle>,
         deployment: Deployment,
         max_connections: usize,
         command_timeout: Duration,
@@ -44,8 +49,143 @@ impl Connection {
             hints: ReplicaHints::default(),
             stats: Stats::default(),
             command_timeout,
+            task: std::sync::Mutex::new(task),
+            reconnecting: Arc::default(),
         }
     }
+}
+
+impl Connection {
+    /// After a failed replica check or a lost lock (a failover may be under way): idle
+    /// dedicated connections are closed, so the next loans reach the current primary, and the
+    /// replica-count hints start over low (a guess too low costs one more round trip; one too
+    /// high makes `WAIT` block until its bound).
+    pub(crate) fn forget_topology(&self) {
+        self.pool.discard_idle();
+        self.hints.clear();
+    }
+}
+
+impl Connection {
+    /// The shared connection reached a node that is no longer the primary (a failover: fred
+    /// would keep using it until the old primary drops it, ~11 s seen): reconnect it now, in
+    /// the background, once at a time (Sentinel names the current primary).
+    pub(crate) fn reconnect_shared(&self) {
+        use std::sync::atomic::Ordering;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.reconnecting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (fred, flag) = (self.fred.clone(), Arc::clone(&self.reconnecting));
+        runtime.spawn(async move {
+            tracing::debug!("the shared connection reached a replica; reconnecting it");
+            let _ = tokio::time::timeout(Duration::from_secs(5), fred.force_reconnection()).await;
+            flag.store(false, Ordering::Release);
+        });
+    }
+
+    /// Runs a release-like call (no acknowledgement needed) on the current primary: on the
+    /// shared connection with a `ROLE` check on replicated deployments; when that node is no
+    /// longer the primary, is not `granted_by` (a demoted primary can still claim the role for
+    /// seconds) or answers READONLY, the shared connection is reconnected and the call runs
+    /// again on a dedicated connection, which reaches the current primary.
+    pub(crate) async fn run_on_primary(
+        &self,
+        call: &ScriptCall<'_>,
+        deadline: Instant,
+        granted_by: Option<&Server>,
+    ) -> Result<Value, OpError> {
+        if !self.deployment.is_replicated() {
+            return self.run_plain(call, deadline).await;
+        }
+        match self.run(call, false, deadline, granted_by, None).await {
+            Ok((value, Ack::Confirmed | Ack::Short { .. }, _)) => return Ok(value),
+            Ok((_, Ack::NotPrimary(_), _)) => {}
+            Err(OpError::Failed(error)) if crate::retry::is_readonly(&error) => {
+                self.reconnect_shared();
+            }
+            Err(other) => return Err(other),
+        }
+        self.run(call, true, deadline, None, None)
+            .await
+            .map(|(value, _, _)| value)
+    }
+}
+
+impl Drop for Connection {
+    /// The last handle is gone (every `LockClient` clone, lock family and background task): close
+    /// the shared connection too (idle dedicated ones close with the pool).
+    fn drop(&mut self) {
+        let task = self.task.lock().ok().and_then(|mut task| task.take());
+        close_in_background(self.fred.clone(), Link::new(task));
+    }
+}
+
+/// A replica-acknowledged attempt in flight on a dedicated connection. Dropped before it settles
+/// (the caller was cancelled), it cleans up on the same connection: the acquisition's `cleanup`
+/// (its release) is sent after the attempt's own commands, so it can never overtake them, and
+/// a `WAIT` blocking the connection is unblocked (`CLIENT UNBLOCK` from the shared connection)
+/// instead of being waited out; then the connection is closed.
+struct InFlight {
+    loan: Option<Loan>,
+    cleanup: Option<ScriptCall<'static>>,
+    shared: Client,
+}
+
+impl InFlight {
+    fn settle(mut self) -> Option<Loan> {
+        self.loan.take()
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(loan) = self.loan.take() {
+            abandon(loan, self.cleanup.take(), self.shared.clone());
+        }
+    }
+}
+
+/// Closes `loan` in the background after sending `cleanup` on it (see [`InFlight`]).
+fn abandon(loan: Loan, cleanup: Option<ScriptCall<'static>>, shared: Client) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return; // dropping the loan aborts its connection
+    };
+    runtime.spawn(async move {
+        if let Some(cleanup) = cleanup {
+            let release = tokio::time::timeout(
+                crate::engine::RELEASE_TIMEOUT * 2,
+                run_plain(&loan.conn, &cleanup),
+            );
+            let unblock = async {
+                let Some(id) = loan.client_id() else {
+                    return std::future::pending().await;
+                };
+                loop {
+                    let command = fred::types::CustomCommand::new_static(
+                        "CLIENT",
+                        fred::types::ClusterHash::FirstKey,
+                        false,
+                    );
+                    let args = vec![Value::from("UNBLOCK"), Value::Integer(id)];
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(1),
+                        shared.custom::<Value, Value>(command, args),
+                    )
+                    .await;
+                    // Until the release is through: the WAIT may not have begun yet.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            };
+            tokio::select! {
+                _ = release => {}
+                () = unblock => {}
+            }
+        }
+        loan.close().await;
+    });
 }
 
 /// Why a single server operation did not produce an answer.
@@ -77,12 +217,16 @@ pub(crate) enum Ack {
 impl Connection {
     /// Runs a lock script with the checks the deployment needs, within `deadline`. Also returns
     /// the node that answered (replicated deployments), for role-change detection.
+    ///
+    /// `cleanup` undoes `call` (an acquisition's release): when a replica-acknowledged attempt
+    /// fails or is cancelled before its reply, it is sent on the same connection, after `call`.
     pub(crate) async fn run(
         &self,
         call: &ScriptCall<'_>,
         replica_ack: bool,
         deadline: Instant,
         granted_by: Option<&Server>,
+        cleanup: Option<ScriptCall<'static>>,
     ) -> Result<(Value, Ack, Option<Server>), OpError> {
         let limit = deadline.min(deadline_after(self.command_timeout));
         if !self.deployment.is_replicated() {
@@ -96,7 +240,11 @@ impl Connection {
             return match tokio::time::timeout_at(limit, checked).await {
                 Ok(result) => {
                     let node = serving_node(&self.fred, call.slot);
-                    Ok(judge(result?, &self.fred, node, granted_by))
+                    let judged = judge(result?, &self.fred, node, granted_by);
+                    if matches!(judged.1, Ack::NotPrimary(_)) {
+                        self.reconnect_shared();
+                    }
+                    Ok(judged)
                 }
                 Err(_) => Err(OpError::Failed(timeout_error())),
             };
@@ -106,30 +254,46 @@ impl Connection {
             Err(PoolError::Exhausted) => return Err(OpError::PoolExhausted),
             Err(PoolError::Connect(error)) => return Err(OpError::Failed(error)),
         };
-        // WAIT may use most of what is left of the deadline, leaving a tenth (5 to 100 ms) for
-        // its reply, so a renewal reports before the usable lease ends.
+        // WAIT may use two thirds of what is left of the deadline, leaving a third (5 to 250 ms)
+        // for its reply: the server ends a WAIT up to ~100 ms late (its timer runs at `hz`), and
+        // a renewal must report before the usable lease ends. And WAIT takes at most half the
+        // command timeout, so one for a replica that left ends well before fred's.
         let left = crate::retry::remaining(deadline);
-        let slack = (left / 10).clamp(Duration::from_millis(5), Duration::from_millis(100));
-        let wait_until = deadline.checked_sub(slack).unwrap_or(deadline);
-        let checked = run_checked(&loan.conn, &self.hints, call, Some(wait_until));
+        let slack = (left / 3).clamp(Duration::from_millis(5), Duration::from_millis(250));
+        let wait_until = deadline
+            .checked_sub(slack)
+            .unwrap_or(deadline)
+            .min(deadline_after(self.command_timeout / 2));
+        let conn = loan.conn.clone();
+        let in_flight = InFlight {
+            loan: Some(loan),
+            cleanup,
+            shared: self.fred.clone(),
+        };
+        let checked = run_checked(&conn, &self.hints, call, Some(wait_until));
         let grace = Duration::from_millis(250).min(self.command_timeout);
-        match tokio::time::timeout_at(deadline + grace, checked).await {
+        let outcome = tokio::time::timeout_at(wait_until + grace, checked).await;
+        match outcome {
             Ok(Ok(checked)) => {
-                let node = serving_node(&loan.conn, call.slot);
-                let judged = judge(checked, &loan.conn, node, granted_by);
+                let loan = in_flight.settle();
+                let node = serving_node(&conn, call.slot);
+                let judged = judge(checked, &conn, node, granted_by);
                 if judged.1 == Ack::Confirmed {
-                    self.pool.put_back(loan);
+                    if let Some(loan) = loan {
+                        self.pool.put_back(loan);
+                    }
                 } else {
                     // A failover may be under way: let every dedicated connection reconnect.
-                    close_in_background(loan.conn);
-                    self.pool.discard_idle();
+                    drop(loan);
+                    self.forget_topology();
                 }
                 Ok(judged)
             }
             failed => {
-                // The connection may still be blocked in WAIT or broken: never reuse it.
-                close_in_background(loan.conn);
-                self.pool.discard_idle();
+                // The connection may still be blocked in WAIT or broken: never reuse it, and
+                // clean up on it (the attempt may still run).
+                drop(in_flight);
+                self.forget_topology();
                 Err(OpError::Failed(match failed {
                     Ok(Err(error)) => error,
                     _ => timeout_error(),

@@ -15,8 +15,8 @@ use fred::bytes::Bytes;
 ///
 /// Strings and byte slices encode as their raw bytes and integers as decimal text, so
 /// `Locks<u64>` with key `42` and `Locks<String>` with key `"42"` name the same lock. Tuples
-/// join their parts with `:`, percent-escaping `%` and `:` inside each part so that different
-/// tuples never collide.
+/// join their parts with `:`, percent-escaping `%` and `:` inside each part, and bracket tuples
+/// nested in tuples (`%28`..`%2C`..`%29`), so that different tuples never collide.
 ///
 /// Implement it for your own key types:
 ///
@@ -39,11 +39,25 @@ use fred::bytes::Bytes;
 pub trait KeyCodec {
     /// Appends this key's bytes to `out`.
     fn encode_key(&self, out: &mut Vec<u8>);
+
+    /// Appends this key as one part of a tuple key. The default escapes `%` and `:` in
+    /// [`KeyCodec::encode_key`]'s bytes; tuples nested in tuples are bracketed instead, so a
+    /// nested tuple never encodes like a flat part that contains `:`. Leave it alone.
+    #[doc(hidden)]
+    fn encode_part(&self, out: &mut Vec<u8>) {
+        let mut raw = Vec::new();
+        self.encode_key(&mut raw);
+        escape_part(&raw, out);
+    }
 }
 
 impl<T: KeyCodec + ?Sized> KeyCodec for &T {
     fn encode_key(&self, out: &mut Vec<u8>) {
         (**self).encode_key(out);
+    }
+
+    fn encode_part(&self, out: &mut Vec<u8>) {
+        (**self).encode_part(out);
     }
 }
 
@@ -113,11 +127,9 @@ impl KeyCodec for uuid::Uuid {
     }
 }
 
-/// Appends one tuple part, escaping `%` and `:` so the joined form is unambiguous.
-fn encode_part<T: KeyCodec + ?Sized>(part: &T, out: &mut Vec<u8>) {
-    let mut raw = Vec::new();
-    part.encode_key(&mut raw);
-    for byte in raw {
+/// Escapes `%` and `:` in one tuple part, so the joined form is unambiguous.
+fn escape_part(raw: &[u8], out: &mut Vec<u8>) {
+    for &byte in raw {
         match byte {
             b'%' => out.extend_from_slice(b"%25"),
             b':' => out.extend_from_slice(b"%3A"),
@@ -126,17 +138,32 @@ fn encode_part<T: KeyCodec + ?Sized>(part: &T, out: &mut Vec<u8>) {
     }
 }
 
+// A tuple key joins its parts' `encode_part` with `:`. A tuple that is itself a part is written
+// `%28` part `%2C` part ... `%29`: escaped parts never contain `%28`, `%2C` or `%29` (a literal
+// `%` becomes `%25`), so nesting can always be told apart from flat parts.
 macro_rules! tuple_codec {
     ($first:ident $(, $rest:ident)*) => {
         impl<$first: KeyCodec $(, $rest: KeyCodec)*> KeyCodec for ($first, $($rest,)*) {
             #[allow(non_snake_case)]
             fn encode_key(&self, out: &mut Vec<u8>) {
                 let ($first, $($rest,)*) = self;
-                encode_part($first, out);
+                $first.encode_part(out);
                 $(
                     out.push(b':');
-                    encode_part($rest, out);
+                    $rest.encode_part(out);
                 )*
+            }
+
+            #[allow(non_snake_case)]
+            fn encode_part(&self, out: &mut Vec<u8>) {
+                let ($first, $($rest,)*) = self;
+                out.extend_from_slice(b"%28");
+                $first.encode_part(out);
+                $(
+                    out.extend_from_slice(b"%2C");
+                    $rest.encode_part(out);
+                )*
+                out.extend_from_slice(b"%29");
             }
         }
     };
@@ -228,6 +255,14 @@ mod tests {
         assert_eq!(encoded("42"), encoded(&42_u64));
         assert_eq!(encoded(&String::from("a")), encoded(&b"a"[..]));
         assert_eq!(encoded(&-7_i32), b"-7");
+    }
+
+    #[test]
+    fn nested_tuples_do_not_collide_with_flat_ones() {
+        assert_ne!(encoded(&(("a", "b"),)), encoded(&("a:b",)));
+        assert_ne!(encoded(&(("a", "b"), "c")), encoded(&("a", ("b", "c"))));
+        assert_ne!(encoded(&(("a", "b"), "c")), encoded(&("a%28b", "c")));
+        assert_eq!(encoded(&(("a", "b"), 1_u8)), b"%28a%2Cb%29:1");
     }
 
     #[test]

@@ -352,6 +352,13 @@ where
     }
 }
 
+/// How many keys have local waiters registered on `client` (for tests of cancellation
+/// bookkeeping; not a public API).
+#[must_use]
+pub fn waiter_keys(client: &LockClient) -> usize {
+    client.inner.waiters.keys()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

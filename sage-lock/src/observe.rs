@@ -13,6 +13,7 @@
 //! | `sage_lock_renewal_failures_total` | counter | renewal attempts that failed (may recover) |
 //! | `sage_lock_losses_total` | counter | held locks lost (`LockLost`) |
 //! | `sage_lock_releases_total` | counter | locks released by their owner |
+//! | `sage_lock_fence_regressions_total` | counter | fencing tokens lower than one this client saw before for the key (the counter was evicted or flushed) |
 //! | `sage_lock_wait_seconds` | histogram | time from call to acquisition |
 //! | `sage_lock_hold_seconds` | histogram | time from acquisition to release or loss |
 //!
@@ -48,6 +49,10 @@ pub struct LockStats {
     pub releases: u64,
     /// Total time spent waiting for acquisitions, in microseconds.
     pub wait_micros: u64,
+    /// Acquisitions whose fencing token was lower than one this client saw before for the same
+    /// key: the fencing counter was lost (eviction, `FLUSHALL`). See the README on
+    /// `maxmemory-policy`.
+    pub fence_regressions: u64,
 }
 
 #[derive(Debug, Default)]
@@ -61,6 +66,7 @@ pub(crate) struct Stats {
     losses: AtomicU64,
     releases: AtomicU64,
     wait_micros: AtomicU64,
+    fence_regressions: AtomicU64,
 }
 
 /// One countable event.
@@ -73,6 +79,7 @@ pub(crate) enum Event {
     RenewalFailure,
     Loss,
     Release,
+    FenceRegression,
 }
 
 /// The metric handles of one lock family (one namespace), registered with the recorder installed
@@ -86,6 +93,7 @@ pub(crate) struct Metrics {
     renewal_failures: Counter,
     losses: Counter,
     releases: Counter,
+    fence_regressions: Counter,
     wait: Histogram,
     hold: Histogram,
 }
@@ -108,6 +116,7 @@ impl Metrics {
             renewal_failures: metrics::counter!("sage_lock_renewal_failures_total", "namespace" => label()),
             losses: metrics::counter!("sage_lock_losses_total", "namespace" => label()),
             releases: metrics::counter!("sage_lock_releases_total", "namespace" => label()),
+            fence_regressions: metrics::counter!("sage_lock_fence_regressions_total", "namespace" => label()),
             wait: metrics::histogram!("sage_lock_wait_seconds", "namespace" => label()),
             hold: metrics::histogram!("sage_lock_hold_seconds", "namespace" => label()),
         }
@@ -129,6 +138,7 @@ impl Stats {
             Event::RenewalFailure => (&self.renewal_failures, &metrics.renewal_failures),
             Event::Loss => (&self.losses, &metrics.losses),
             Event::Release => (&self.releases, &metrics.releases),
+            Event::FenceRegression => (&self.fence_regressions, &metrics.fence_regressions),
         };
         counter.fetch_add(1, Ordering::Relaxed);
         handle.increment(1);
@@ -154,6 +164,7 @@ impl Stats {
             losses: read(&self.losses),
             releases: read(&self.releases),
             wait_micros: read(&self.wait_micros),
+            fence_regressions: read(&self.fence_regressions),
         }
     }
 }

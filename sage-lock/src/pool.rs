@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use fred::clients::Client;
 use fred::interfaces::ClientLike;
+use fred::types::{ClusterHash, ConnectHandle, CustomCommand, Value};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
@@ -24,26 +25,65 @@ pub(crate) enum PoolError {
     Connect(fred::error::Error),
 }
 
+/// What a pooled connection owns besides its client: the task that drives it (aborted when the
+/// connection is closed, so nothing keeps reconnecting) and its server-side `CLIENT ID`.
+#[derive(Debug)]
+pub(crate) struct Link {
+    task: Option<ConnectHandle>,
+    /// `CLIENT ID` of the connection (not in a cluster, where a client has one per node).
+    pub(crate) id: Option<i64>,
+}
+
+impl Link {
+    pub(crate) fn new(task: Option<ConnectHandle>) -> Self {
+        Link { task, id: None }
+    }
+}
+
 /// A bounded set of exclusive connections, cloned from the shared client's configuration.
 #[derive(Debug)]
 pub(crate) struct DedicatedPool {
     template: Client,
     permits: Arc<Semaphore>,
-    idle: Mutex<Vec<Client>>,
+    idle: Mutex<Vec<(Client, Link)>>,
     max_connections: usize,
     generation: std::sync::atomic::AtomicU64,
 }
 
 /// A dedicated connection on loan; give it back with [`DedicatedPool::put_back`] when it is known
-/// to be idle, or drop it to close it.
+/// to be idle, or drop it to close it (in the background).
 #[derive(Debug)]
 pub(crate) struct Loan {
     pub(crate) conn: Client,
+    /// `None` once returned or closed.
+    link: Option<Link>,
     /// Frees the pool slot when the loan ends.
-    _permit: OwnedSemaphorePermit,
+    _permit: Option<OwnedSemaphorePermit>,
     /// The pool's generation when the loan began: a loan from before a
     /// [`DedicatedPool::discard_idle`] is closed, not returned.
     generation: u64,
+}
+
+impl Loan {
+    /// The connection's `CLIENT ID`, when known.
+    pub(crate) fn client_id(&self) -> Option<i64> {
+        self.link.as_ref().and_then(|link| link.id)
+    }
+
+    /// Closes the connection: `QUIT` (briefly), then its task is aborted.
+    pub(crate) async fn close(mut self) {
+        if let Some(link) = self.link.take() {
+            close(self.conn.clone(), link).await;
+        }
+    }
+}
+
+impl Drop for Loan {
+    fn drop(&mut self) {
+        if let Some(link) = self.link.take() {
+            close_in_background(self.conn.clone(), link);
+        }
+    }
 }
 
 impl DedicatedPool {
@@ -62,53 +102,69 @@ impl DedicatedPool {
     }
 
     /// Borrows a connection, waiting for a free slot and connecting a new one if needed, all
-    /// before `deadline`.
+    /// before `deadline`. Cancelled while connecting, the new connection is closed.
     pub(crate) async fn take(&self, deadline: Instant) -> Result<Loan, PoolError> {
         let permit =
             tokio::time::timeout_at(deadline, Arc::clone(&self.permits).acquire_owned()).await;
         let Ok(Ok(permit)) = permit else {
             return Err(PoolError::Exhausted);
         };
-        let reused = self.idle.lock().ok().and_then(|mut idle| idle.pop());
-        if let Some(conn) = reused {
+        let generation = self.generation();
+        loop {
+            let reused = self.idle.lock().ok().and_then(|mut idle| idle.pop());
+            let Some((conn, link)) = reused else { break };
             if conn.is_connected() {
                 return Ok(Loan {
                     conn,
-                    _permit: permit,
-                    generation: self.generation(),
+                    link: Some(link),
+                    _permit: Some(permit),
+                    generation,
                 });
             }
-            close_in_background(conn);
+            close_in_background(conn, link);
         }
         let conn = self.template.clone_new();
+        // Owned by the loan from the start: dropped (cancelled or failed), it closes the
+        // connection and aborts its task, which would otherwise reconnect forever.
+        let mut loan = Loan {
+            link: Some(Link::new(Some(conn.connect()))),
+            conn,
+            _permit: Some(permit),
+            generation,
+        };
         let connect_time = remaining(deadline).max(Duration::from_millis(1));
-        match tokio::time::timeout(connect_time, conn.init()).await {
-            Ok(Ok(_task)) => Ok(Loan {
-                conn,
-                _permit: permit,
-                generation: self.generation(),
-            }),
-            Ok(Err(error)) => Err(PoolError::Connect(error)),
-            Err(_) => {
-                close_in_background(conn);
-                Err(PoolError::Exhausted)
+        match tokio::time::timeout(connect_time, loan.conn.wait_for_connect()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => return Err(PoolError::Connect(error)),
+            Err(_) => return Err(PoolError::Exhausted),
+        }
+        if !loan.conn.is_clustered() {
+            let id = tokio::time::timeout(
+                remaining(deadline).max(Duration::from_millis(1)),
+                loan.conn.custom::<Value, Value>(
+                    CustomCommand::new_static("CLIENT", ClusterHash::FirstKey, false),
+                    vec![Value::from("ID")],
+                ),
+            )
+            .await;
+            if let (Ok(Ok(id)), Some(link)) = (id, loan.link.as_mut()) {
+                link.id = id.as_i64();
             }
         }
+        Ok(loan)
     }
 
     /// Returns an idle, healthy connection for reuse.
-    pub(crate) fn put_back(&self, loan: Loan) {
-        let Loan {
-            conn,
-            _permit,
-            generation,
-        } = loan;
-        if generation != self.generation() {
-            close_in_background(conn);
-            return;
+    pub(crate) fn put_back(&self, mut loan: Loan) {
+        if loan.generation != self.generation() {
+            return; // dropped: closed in the background
         }
-        if let Ok(mut idle) = self.idle.lock() {
-            idle.push(conn);
+        let Some(link) = loan.link.take() else {
+            return;
+        };
+        match self.idle.lock() {
+            Ok(mut idle) => idle.push((loan.conn.clone(), link)),
+            Err(_) => close_in_background(loan.conn.clone(), link),
         }
     }
 
@@ -122,12 +178,12 @@ impl DedicatedPool {
         // Loans out now were taken before this: they are closed when they come back.
         self.generation
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        for conn in self.take_idle() {
-            close_in_background(conn);
+        for (conn, link) in self.take_idle() {
+            close_in_background(conn, link);
         }
     }
 
-    fn take_idle(&self) -> Vec<Client> {
+    fn take_idle(&self) -> Vec<(Client, Link)> {
         self.idle
             .lock()
             .map(|mut idle| std::mem::take(&mut *idle))
@@ -136,8 +192,16 @@ impl DedicatedPool {
 
     /// Closes idle connections.
     pub(crate) async fn close(&self) {
-        for conn in self.take_idle() {
-            let _ = tokio::time::timeout(Duration::from_secs(1), conn.quit()).await;
+        for (conn, link) in self.take_idle() {
+            close(conn, link).await;
+        }
+    }
+}
+
+impl Drop for DedicatedPool {
+    fn drop(&mut self) {
+        for (conn, link) in self.take_idle() {
+            close_in_background(conn, link);
         }
     }
 }
@@ -154,27 +218,24 @@ impl DedicatedPool {
 /// (see its example).
 #[derive(Debug)]
 pub struct DedicatedConnection {
+    /// `None` once discarded or returned.
+    loan: Option<Loan>,
     conn: Client,
-    /// The pool slot; `None` once discarded.
-    permit: Option<OwnedSemaphorePermit>,
-    generation: u64,
     pool: std::sync::Weak<DedicatedPool>,
 }
 
 impl DedicatedConnection {
     pub(crate) fn new(loan: Loan, pool: std::sync::Weak<DedicatedPool>) -> Self {
         DedicatedConnection {
-            conn: loan.conn,
-            permit: Some(loan._permit),
-            generation: loan.generation,
+            conn: loan.conn.clone(),
+            loan: Some(loan),
             pool,
         }
     }
 
     /// Closes the connection instead of returning it to the pool.
     pub fn discard(mut self) {
-        self.permit = None;
-        close_in_background(self.conn.clone());
+        drop(self.loan.take());
     }
 }
 
@@ -187,28 +248,57 @@ impl std::ops::Deref for DedicatedConnection {
 }
 
 impl Drop for DedicatedConnection {
+    /// Back to the pool after a `RESET` (in the background), so state the borrower left on the
+    /// connection (a `SELECT`ed database, a name, an open `MULTI`, subscriptions, ...) never
+    /// reaches later lock operations; closed instead when the reset fails or the pool is gone.
     fn drop(&mut self) {
-        let Some(permit) = self.permit.take() else {
+        let Some(loan) = self.loan.take() else {
             return;
         };
-        match self.pool.upgrade() {
-            Some(pool) if self.conn.is_connected() => {
-                pool.put_back(Loan {
-                    conn: self.conn.clone(),
-                    _permit: permit,
-                    generation: self.generation,
-                });
-            }
-            _ => close_in_background(self.conn.clone()),
+        let (Some(pool), Ok(runtime)) =
+            (self.pool.upgrade(), tokio::runtime::Handle::try_current())
+        else {
+            return; // the loan closes itself
+        };
+        if !loan.conn.is_connected() {
+            return;
         }
+        runtime.spawn(async move {
+            let reset = tokio::time::timeout(
+                Duration::from_secs(1),
+                loan.conn.custom::<Value, Value>(
+                    CustomCommand::new_static("RESET", ClusterHash::FirstKey, false),
+                    Vec::new(),
+                ),
+            )
+            .await;
+            // A cluster client has a connection per node; RESET reached one of them only.
+            if matches!(reset, Ok(Ok(_))) && !loan.conn.is_clustered() {
+                pool.put_back(loan);
+            }
+        });
     }
 }
 
-/// Closes a connection whose state is unknown (e.g. a `WAIT` may still block it).
-pub(crate) fn close_in_background(conn: Client) {
-    if let Ok(handle) = tokio::runtime::Handle::try_current() {
-        handle.spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(1), conn.quit()).await;
-        });
+/// `QUIT` (waiting at most a moment: a blocked connection answers late), then abort the task.
+async fn close(conn: Client, mut link: Link) {
+    let _ = tokio::time::timeout(Duration::from_millis(250), conn.quit()).await;
+    if let Some(task) = link.task.take() {
+        task.abort();
+    }
+}
+
+/// Closes a connection whose state is unknown (e.g. a `WAIT` may still block it); without a
+/// runtime, its task is aborted at once.
+pub(crate) fn close_in_background(conn: Client, mut link: Link) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => {
+            handle.spawn(close(conn, link));
+        }
+        Err(_) => {
+            if let Some(task) = link.task.take() {
+                task.abort();
+            }
+        }
     }
 }

@@ -486,7 +486,13 @@ impl Batch {
         let call = RENEW.call(self.slot, self.keys, args);
         let result = renewer
             .conn
-            .run(&call, self.replica_ack, deadline, self.granted_by.as_ref())
+            .run(
+                &call,
+                self.replica_ack,
+                deadline,
+                self.granted_by.as_ref(),
+                None,
+            )
             .await;
         let outcomes: Vec<Outcome> = match result {
             Ok((Value::Array(flags), Ack::Confirmed, _)) => flags

@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use fred::clients::Client;
 use fred::error::{Error, ErrorKind};
-use fred::interfaces::ClientLike;
-use fred::types::config::ServerConfig;
+use fred::interfaces::{ClientLike, ClusterInterface};
+use fred::types::config::{Server, ServerConfig};
 use fred::types::{ClusterHash, CustomCommand, Value};
 
 use crate::scripts::{ScriptCall, is_noscript};
@@ -89,21 +89,39 @@ pub(crate) struct Checked {
     pub(crate) acknowledged: Option<(i64, i64)>,
 }
 
-/// Last replica count seen per slot; the first guess for `WAIT`'s replica count.
+/// Last replica count seen per primary; the first guess for `WAIT`'s replica count. Kept per
+/// node (not per slot), so a replica leaving costs one short `WAIT` per primary, not per slot.
 #[derive(Debug, Default)]
-pub(crate) struct ReplicaHints(Mutex<HashMap<u16, i64>>);
+pub(crate) struct ReplicaHints(Mutex<HashMap<Option<Server>, i64>>);
 
 impl ReplicaHints {
-    fn get(&self, slot: u16) -> i64 {
+    fn get(&self, node: &Option<Server>) -> i64 {
         self.0
             .lock()
-            .map_or(1, |map| map.get(&slot).copied().unwrap_or(1))
+            .map_or(1, |map| map.get(node).copied().unwrap_or(1))
     }
 
-    fn set(&self, slot: u16, replicas: i64) {
+    pub(crate) fn clear(&self) {
         if let Ok(mut map) = self.0.lock() {
-            map.insert(slot, replicas);
+            map.clear();
         }
+    }
+
+    fn set(&self, node: Option<Server>, replicas: i64) {
+        if let Ok(mut map) = self.0.lock() {
+            map.insert(node, replicas);
+        }
+    }
+}
+
+/// The primary `conn` sends `slot`'s commands to: in a cluster, per the cached routing; else
+/// the one primary (`None`).
+fn primary_of(conn: &Client, slot: u16) -> Option<Server> {
+    if conn.is_clustered() {
+        conn.cached_cluster_state()
+            .and_then(|routing| routing.get_server(slot).cloned())
+    } else {
+        None
     }
 }
 
@@ -140,7 +158,8 @@ pub(crate) async fn run_checked(
     let mut rounds = 0;
     loop {
         rounds += 1;
-        let guess = hints.get(slot).max(1);
+        let node = primary_of(conn, slot);
+        let guess = hints.get(&node).max(1);
         let pipeline = conn.pipeline();
         let _: () = pipeline
             .custom(slot_command("ROLE", slot), Vec::<Value>::new())
@@ -163,7 +182,7 @@ pub(crate) async fn run_checked(
             }
             other => other?,
         };
-        hints.set(slot, role.replicas);
+        hints.set(node, role.replicas);
         if wait_until.is_none() {
             return Ok(Checked {
                 reply,

@@ -155,6 +155,19 @@ pub(crate) async fn acquire(
     drop(waiter);
     match result {
         Ok(Some(granted)) => {
+            let fence = granted.lease.fencing_token();
+            if let Some(previous) = engine.fences.observe(&keys.lock, fence) {
+                client
+                    .stats
+                    .record(&settings.metrics, Event::FenceRegression);
+                tracing::warn!(
+                    fencing_token = fence,
+                    previous,
+                    "fencing token went backwards: the server lost the fencing counter \
+                     (eviction, FLUSHALL or a restart without persistence); use \
+                     maxmemory-policy noeviction or volatile-*"
+                );
+            }
             let waited = start.elapsed();
             client.stats.acquired(&settings.metrics, waited);
             tracing::debug!(
@@ -207,13 +220,23 @@ enum Stop {
     Failed(fred::error::Error),
 }
 
-fn timeout_reason(last_transient: Option<String>, holder_pttl: Option<Duration>) -> TimeoutReason {
-    match (last_transient, holder_pttl) {
-        (Some(error), None) => TimeoutReason::Unavailable(error),
-        (None, None) => {
+fn timeout_reason(
+    last_transient: Option<String>,
+    busy: bool,
+    short: Option<(i64, i64)>,
+) -> TimeoutReason {
+    if let Some((acknowledged, required)) = short {
+        return TimeoutReason::NotAcknowledged {
+            acknowledged,
+            required,
+        };
+    }
+    match (last_transient, busy) {
+        (_, true) => TimeoutReason::Busy,
+        (Some(error), false) => TimeoutReason::Unavailable(error),
+        (None, false) => {
             TimeoutReason::Unavailable("no reply from the server within the wait".into())
         }
-        (_, Some(_)) => TimeoutReason::Busy,
     }
 }
 
@@ -234,7 +257,11 @@ async fn acquire_loop(
     let mut backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(200));
     // What the last attempt that got an answer (or a real failure) found.
     let mut last_transient: Option<String> = None;
-    let mut holder_pttl: Option<Duration> = None;
+    let mut holder_pttl: Option<Duration>;
+    // Whether the last answer was "busy" (a holder exists, whatever its TTL).
+    let mut busy = false;
+    // The last attempt's grant was not acknowledged by enough replicas: (acknowledged, required).
+    let mut short: Option<(i64, i64)> = None;
     let mut attempts = 0_u32;
     let waiting = matches!(mode, Mode::Wait(_));
     // Whether this primitive queues waiters on the server and notifies the head on release.
@@ -255,8 +282,15 @@ async fn acquire_loop(
         } else {
             rules.acquire_call(keys, &held.token, lease_duration)
         };
+        let cleanup = rules.release_call(keys, &held.token);
         let outcome = client
-            .run(&call, settings.replica_acknowledgement, deadline, None)
+            .run(
+                &call,
+                settings.replica_acknowledgement,
+                deadline,
+                None,
+                Some(cleanup),
+            )
             .await
             .and_then(|(reply, ack, node)| Ok((parse_acquire(reply)?, ack, node)));
         match outcome {
@@ -265,7 +299,21 @@ async fn acquire_loop(
                 waiter.resign();
                 let valid_until = sent + lease_duration - drift(lease_duration);
                 if Instant::now() >= valid_until {
-                    return Err(Stop::Lost(LossReason::ExpiredBeforeStart));
+                    if remaining(deadline).is_zero() {
+                        return Err(Stop::Lost(LossReason::ExpiredBeforeStart));
+                    }
+                    // The reply came after the lease was spent (a slow or paused server): the
+                    // grant is worthless, but the wait is not over. The same token tries again
+                    // (the script re-grants or extends its own hold).
+                    client
+                        .stats
+                        .record(&settings.metrics, Event::TransientRetry);
+                    tracing::debug!("grant arrived after its lease was spent; retrying");
+                    last_transient = Some("a grant arrived after its lease was spent".into());
+                    busy = false;
+                    short = None;
+                    tokio::time::sleep(backoff.next_delay(remaining(deadline))).await;
+                    continue;
                 }
                 let lease = Lease::new(
                     Arc::clone(&keys.display),
@@ -289,25 +337,43 @@ async fn acquire_loop(
                 },
                 _,
             )) => {
-                // WAIT used up the rest of the wait: the grant cannot be trusted.
-                return Err(Stop::TimedOut(TimeoutReason::NotAcknowledged {
-                    acknowledged,
-                    required,
-                }));
+                // Not acknowledged in time: the grant cannot be trusted. WAIT is bounded below
+                // the command timeout, so wait time may be left: try again (same token).
+                if remaining(deadline) < Duration::from_millis(50) {
+                    return Err(Stop::TimedOut(TimeoutReason::NotAcknowledged {
+                        acknowledged,
+                        required,
+                    }));
+                }
+                client
+                    .stats
+                    .record(&settings.metrics, Event::TransientRetry);
+                short = Some((acknowledged, required));
+                last_transient = None;
+                holder_pttl = None;
+                busy = false;
             }
             Ok((AcquireReply::Granted { .. }, Ack::NotPrimary(role), _)) => {
                 return Err(Stop::Lost(LossReason::RoleChanged(role)));
             }
             Ok((AcquireReply::Busy { pttl_ms }, _, _)) => {
+                // A definite "busy" (the script checks our token too): we hold nothing, so a
+                // busy try owes no release.
+                held.armed = false;
                 if matches!(mode, Mode::Try) {
                     return Ok(None);
                 }
-                // A definite "busy" (the script checks our token too): we hold nothing, but a
-                // queued waiter owes the queue its leaving.
+                // A queued waiter owes the queue its leaving.
                 held.armed = queued;
                 client.stats.record(&settings.metrics, Event::BusyRetry);
-                holder_pttl =
-                    Some(u64::try_from(pttl_ms).map_or(Duration::ZERO, Duration::from_millis));
+                busy = true;
+                short = None;
+                // A holder key without TTL (PTTL -1) or one that just expired (-2) tells nothing
+                // about when it ends: the normal capped backoff applies, not a 1 ms poll.
+                holder_pttl = u64::try_from(pttl_ms)
+                    .ok()
+                    .filter(|ms| *ms > 0)
+                    .map(Duration::from_millis);
                 last_transient = None;
                 if !waiter.try_lead() {
                     // Another local task asks the server for this key: leave the server's queue
@@ -342,7 +408,7 @@ async fn acquire_loop(
                 }
                 if error.details() == DEADLINE_REACHED && remaining(deadline).is_zero() {
                     // Cut short by our own deadline: keep what the previous attempts found.
-                    return Err(Stop::TimedOut(timeout_reason(last_transient, holder_pttl)));
+                    return Err(Stop::TimedOut(timeout_reason(last_transient, busy, short)));
                 }
                 client
                     .stats
@@ -350,6 +416,8 @@ async fn acquire_loop(
                 tracing::debug!(%error, "transient failure while acquiring; retrying");
                 last_transient = Some(error.to_string());
                 holder_pttl = None;
+                busy = false;
+                short = None;
             }
             Err(OpError::PoolExhausted) => {
                 return Err(Stop::TimedOut(TimeoutReason::PoolExhausted {
@@ -359,11 +427,10 @@ async fn acquire_loop(
         }
         let left = remaining(deadline);
         if left.is_zero() {
-            return Err(Stop::TimedOut(timeout_reason(last_transient, holder_pttl)));
+            return Err(Stop::TimedOut(timeout_reason(last_transient, busy, short)));
         }
         // Never sleep past the deadline, nor (much) past the moment the holder's lease ends.
         let limit = holder_pttl.map_or(left, |pttl| left.min(pttl.max(Duration::from_millis(1))));
-        let busy = holder_pttl.is_some();
         let delay = if busy && subscribed {
             // The release names the next owner; poll only to refresh the queue place and in
             // case a notification is lost.
@@ -417,6 +484,7 @@ mod tests {
     fn a_dropped_wait_slot_leaves_no_waiter_behind() {
         let conn = Connection::new(
             fred::clients::Client::default(),
+            None,
             Deployment::Standalone,
             1,
             Duration::from_secs(1),

@@ -53,7 +53,7 @@ pub(crate) async fn hold<F: Future>(
             let reason = reason.unwrap_or(LossReason::RenewalFailed("renewal task ended".into()));
             Err(Box::pin(held.lost(reason)).instrument(span).await)
         }
-        () = lease_ran_out(&held.lease) => {
+        () = lease_ran_out(&held.lease, settings.lease) => {
             // The renewer did not report in time (its task starved or gone): never let the body
             // run past the usable lease.
             let reason = held.renewal.take().map_or_else(
@@ -69,17 +69,25 @@ pub(crate) async fn hold<F: Future>(
     }
 }
 
-/// Resolves once the usable lease has run out without being extended: the safety net behind the
-/// renewer's own loss report. Fires a drift margin after the lease's end (still before the
-/// server-side expiry) so the renewer, which gives up at the end, normally reports first.
-pub(super) async fn lease_ran_out(lease: &Lease) {
+/// Resolves shortly before the usable lease runs out without being extended: the safety net
+/// behind the renewer's own loss report (the renewer's task may be starved or gone). It fires
+/// [`safety_lead`] before the lease's end, so even a timer that wakes a few milliseconds late
+/// cancels the body while the lease is still valid.
+pub(super) async fn lease_ran_out(lease: &Lease, lease_duration: Duration) {
+    let lead = safety_lead(lease_duration, lease.margin());
     loop {
         let valid_until = lease.valid_until();
-        tokio::time::sleep_until(valid_until + lease.margin() / 2).await;
+        tokio::time::sleep_until(valid_until.checked_sub(lead).unwrap_or(valid_until)).await;
         if lease.valid_until() <= valid_until {
             return;
         }
     }
+}
+
+/// How long before the end of the usable lease the safety net fires: the drift margin, and at
+/// least a tenth of the lease up to 10 ms (a coarse or busy timer may wake that late).
+fn safety_lead(lease: Duration, margin: Duration) -> Duration {
+    margin.max((lease / 10).min(Duration::from_millis(10)))
 }
 
 /// A hold this call may have. Dropped without [`Held::release`] or [`Held::lost`] (the call was
@@ -114,6 +122,7 @@ impl Held {
             &self.token,
             &self.metrics,
             self.keep_for(),
+            self.granted_by.as_ref(),
         )
         .await;
         self.armed = false;
@@ -131,6 +140,7 @@ impl Held {
             &self.token,
             &self.metrics,
             None,
+            self.granted_by.as_ref(),
         )
         .await;
         self.armed = false;
@@ -143,7 +153,7 @@ impl Held {
         conn.stats.record(&self.metrics, Event::Loss);
         if conn.deployment.is_replicated() {
             // Likely a failover: idle dedicated connections may point at the old primary.
-            conn.pool.discard_idle();
+            conn.forget_topology();
         }
         self.metrics.held(self.lease.held_for());
         tracing::warn!(reason = %reason, held = ?self.lease.held_for(), "lock lost; body cancelled");
@@ -155,6 +165,7 @@ impl Held {
                 &self.token,
                 &self.metrics,
                 None,
+                self.granted_by.as_ref(),
             )
             .await;
         }
@@ -197,6 +208,7 @@ async fn release_now(
     token: &Bytes,
     metrics: &Metrics,
     keep_for: Option<Duration>,
+    granted_by: Option<&Server>,
 ) {
     let call = match keep_for {
         Some(keep_for) => rules.shorten_call(keys, token, keep_for),
@@ -204,7 +216,7 @@ async fn release_now(
     };
     let outcome = engine
         .conn
-        .run_plain(&call, Instant::now() + RELEASE_TIMEOUT)
+        .run_on_primary(&call, Instant::now() + RELEASE_TIMEOUT, granted_by)
         .await
         .and_then(|reply| Ok(parse_release(&reply)?));
     if keep_for.is_none() {
@@ -238,7 +250,38 @@ fn release_in_background(held: &Held) {
         Arc::clone(&held.metrics),
         held.keep_for(),
     );
+    let granted_by = held.granted_by.clone();
     runtime.spawn(async move {
-        release_now(&engine, &*rules, &keys, &token, &metrics, keep_for).await;
+        release_now(
+            &engine,
+            &*rules,
+            &keys,
+            &token,
+            &metrics,
+            keep_for,
+            granted_by.as_ref(),
+        )
+        .await;
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_safety_net_leads_the_usable_lease() {
+        let min = crate::options::MIN_LEASE;
+        assert!(safety_lead(min, crate::lease::drift(min)) >= Duration::from_millis(3));
+        let long = Duration::from_secs(30);
+        assert_eq!(
+            safety_lead(long, crate::lease::drift(long)),
+            crate::lease::drift(long)
+        );
+        let mid = Duration::from_millis(500);
+        assert_eq!(
+            safety_lead(mid, crate::lease::drift(mid)),
+            Duration::from_millis(10)
+        );
+    }
 }

@@ -7,6 +7,7 @@
 //! [`LockClient`](crate::LockClient) façade.
 
 mod acquire;
+mod fences;
 mod hold;
 mod multi;
 mod reentry;
@@ -103,6 +104,8 @@ pub(crate) struct Engine {
     pub(crate) renewer: Renewer,
     pub(crate) waiters: Waiters,
     pub(crate) notifier: Notifier,
+    /// Last fencing token seen per key (detects a counter that went backwards).
+    pub(crate) fences: fences::Fences,
 }
 
 impl Engine {
@@ -113,6 +116,7 @@ impl Engine {
             notifier: Notifier::new(conn.fred.clone()),
             conn,
             waiters: Waiters::default(),
+            fences: fences::Fences::default(),
         }
     }
 }

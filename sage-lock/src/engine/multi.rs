@@ -172,7 +172,7 @@ async fn hold_all<F: Future>(
     let (index, key, reason) = tokio::select! {
         biased;
         lost = first_loss(&mut losses) => lost,
-        index = any_ran_out(&leases) => (
+        index = any_ran_out(&leases, settings.lease) => (
             index,
             Arc::clone(&units[index].keys.display),
             LossReason::RenewalFailed("no renewal completed in time".into()),
@@ -211,9 +211,9 @@ async fn first_loss(
 }
 
 /// Resolves with the index of the first lease that runs out without being extended.
-async fn any_ran_out(leases: &[Lease]) -> usize {
+async fn any_ran_out(leases: &[Lease], lease_duration: std::time::Duration) -> usize {
     let watches = leases.iter().enumerate().map(|(index, lease)| async move {
-        lease_ran_out(lease).await;
+        lease_ran_out(lease, lease_duration).await;
         index
     });
     let mut watches: Vec<_> = watches.map(Box::pin).collect();

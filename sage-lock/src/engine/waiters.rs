@@ -111,7 +111,6 @@ impl Waiters {
     }
 
     /// How many keys have local waiters (for tests of cancellation bookkeeping).
-    #[cfg(test)]
     pub(crate) fn keys(&self) -> usize {
         self.by_key.lock().map_or(0, |w| w.len())
     }

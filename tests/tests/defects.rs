@@ -1,0 +1,800 @@
+//! Regression tests for the defects reported in issue 8, section 1: each one against real Redis
+//! and Valkey servers, with the fault injected for real (SIGSTOP/SIGCONT, CLIENT KILL, FLUSHALL,
+//! a failover). The number in each test's comment is the defect's number in the issue.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use harness::{Replicated, SentinelSetup, Server, ServerKind};
+use sage_lock::fred::interfaces::ClientLike;
+use sage_lock::fred::types::{ClusterHash, CustomCommand, Value};
+use sage_lock::{LockClient, LockError, LockOptions, Locks, LossReason};
+
+fn connected_clients(port: u16) -> i64 {
+    harness::info_field(port, "clients", "connected_clients")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(-1)
+}
+
+/// Polls until `connected_clients` on `port` is at most `expected`; returns the last value seen.
+async fn settle_clients(port: u16, expected: i64, within: Duration) -> i64 {
+    let deadline = Instant::now() + within;
+    loop {
+        let now = connected_clients(port);
+        if now <= expected || Instant::now() > deadline {
+            return now;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn custom(
+    client: &sage_lock::fred::clients::Client,
+    cmd: &'static str,
+    args: Vec<Value>,
+) -> Value {
+    client
+        .custom::<Value, Value>(
+            CustomCommand::new_static(cmd, ClusterHash::FirstKey, false),
+            args,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"))
+}
+
+async fn replicated_client(setup: &Replicated) -> LockClient {
+    LockClient::builder()
+        .url(&setup.primary_url())
+        .replicated(true)
+        .connect()
+        .await
+        .expect("connect")
+}
+
+/// 1. 100 acquisitions cancelled by `tokio::time::timeout` while `WAIT` blocks (a SIGSTOPped
+/// replica) leave no connection behind, and a dropped `LockClient` closes its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_acquisitions_and_dropped_clients_leave_no_connections() {
+    for kind in ServerKind::ALL {
+        let setup = Replicated::start(kind, 1);
+        let port = setup.primary.port();
+        let baseline = connected_clients(port);
+        let client = replicated_client(&setup).await;
+        let locks: Locks<String> = client
+            .lock_with(LockOptions::new().namespace("leak"))
+            .expect("opts");
+        locks
+            .with_lock("warm", Duration::from_secs(2), async {})
+            .await
+            .expect("healthy acquisition");
+        setup.replicas[0].pause();
+        let mut cancelled = 0;
+        for round in 0..10 {
+            let mut tasks = Vec::new();
+            for i in 0..10 {
+                let locks = locks.clone();
+                tasks.push(tokio::spawn(async move {
+                    tokio::time::timeout(
+                        Duration::from_millis(150),
+                        locks
+                            .with_lock(&format!("k{round}-{i}"), Duration::from_secs(10), async {}),
+                    )
+                    .await
+                    .is_err()
+                }));
+            }
+            for task in tasks {
+                cancelled += usize::from(task.await.expect("task"));
+            }
+        }
+        setup.replicas[0].resume();
+        assert_eq!(
+            cancelled,
+            100,
+            "{}: every acquisition blocked in WAIT",
+            kind.name()
+        );
+        // The shared connection stays; every dedicated one must go.
+        let open = settle_clients(port, baseline + 1, Duration::from_secs(5)).await;
+        println!(
+            "{}: connected_clients baseline {baseline}, after 100 cancellations {open}",
+            kind.name()
+        );
+        assert!(
+            open <= baseline + 1,
+            "{}: {open} clients open after 100 cancelled acquisitions (baseline {baseline} + 1 shared)",
+            kind.name()
+        );
+        // A dedicated connection left idle in the pool, then the client dropped without quit().
+        drop(
+            client
+                .dedicated_connection(Duration::from_secs(1))
+                .await
+                .expect("loan"),
+        );
+        drop(locks);
+        drop(client);
+        let left = settle_clients(port, baseline, Duration::from_secs(5)).await;
+        println!("{}: after dropping the client {left}", kind.name());
+        assert!(
+            left <= baseline,
+            "{}: a dropped LockClient left {} connections open",
+            kind.name(),
+            left - baseline
+        );
+    }
+}
+
+/// 3. A user loan comes back to the pool clean: no `SELECT`ed database, no name, no open
+/// `MULTI`, so later lock operations run in database 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_loans_come_back_reset() {
+    for kind in ServerKind::ALL {
+        let setup = Replicated::start(kind, 1);
+        let client = LockClient::builder()
+            .url(&setup.primary_url())
+            .replicated(true)
+            .max_connections(1)
+            .connect()
+            .await
+            .expect("connect");
+        let loan = client
+            .dedicated_connection(Duration::from_secs(1))
+            .await
+            .expect("loan");
+        custom(&loan, "SELECT", vec![Value::from(1)]).await;
+        custom(
+            &loan,
+            "CLIENT",
+            vec![Value::from("SETNAME"), Value::from("dirty")],
+        )
+        .await;
+        custom(&loan, "MULTI", vec![]).await;
+        drop(loan);
+        let again = client
+            .dedicated_connection(Duration::from_secs(2))
+            .await
+            .expect("loan");
+        let name = custom(&again, "CLIENT", vec![Value::from("GETNAME")]).await;
+        assert!(name.is_null(), "{}: name kept: {name:?}", kind.name());
+        let info = custom(&again, "CLIENT", vec![Value::from("INFO")]).await;
+        let info = info.as_string().unwrap_or_default();
+        assert!(info.contains(" db=0 "), "{}: {info}", kind.name());
+        drop(again);
+        // The only dedicated connection now serves a replica-acknowledged acquisition.
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("loan"))
+            .expect("opts");
+        let server_key = String::from_utf8(LockClient::server_key("loan", "k")).expect("utf8");
+        locks
+            .with_lock("k", Duration::from_secs(2), async {
+                let exists = setup.primary.cmd(&["EXISTS", &server_key]).expect("EXISTS");
+                assert_eq!(
+                    exists.as_int(),
+                    Some(1),
+                    "{}: lock key not in db 0",
+                    kind.name()
+                );
+            })
+            .await
+            .expect("lock");
+    }
+}
+
+/// 4. `from_fred` does not trust the caller's fred settings: a client built without a reconnect
+/// policy still recovers from a killed connection; a replicated deployment can be declared for a
+/// caller's client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_fred_enforces_what_locks_rely_on() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let config = sage_lock::fred::types::config::Config::from_url(&server.url()).expect("url");
+        let fred = sage_lock::fred::types::Builder::from_config(config)
+            .with_connection_config(|c| c.max_command_attempts = 3)
+            .build()
+            .expect("build");
+        fred.init().await.expect("init");
+        let client = LockClient::from_fred(fred.clone());
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("from-fred"))
+            .expect("opts");
+        locks
+            .with_lock("k", Duration::from_secs(2), async {})
+            .await
+            .expect("first");
+        server.cmd_ok(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
+        let again = locks
+            .with_lock("k", Duration::from_secs(5), async { 4 })
+            .await;
+        assert_eq!(again.expect("after CLIENT KILL"), 4, "{}", kind.name());
+        let declared = LockClient::builder()
+            .fred_client(&fred)
+            .replicated(true)
+            .connect()
+            .await
+            .expect("builder from a fred client");
+        assert_eq!(declared.deployment(), sage_lock::Deployment::Replicated);
+    }
+}
+
+/// 5. After a replica leaves, a stale replica-count hint must neither block `WAIT` for the whole
+/// command timeout nor make every other slot pay once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_is_bounded_and_the_hint_follows_role() {
+    for kind in ServerKind::ALL {
+        let setup = Replicated::start(kind, 2);
+        let client = LockClient::builder()
+            .url(&setup.primary_url())
+            .replicated(true)
+            .command_timeout(Duration::from_secs(1))
+            .connect()
+            .await
+            .expect("connect");
+        let locks: Locks<String> = client
+            .lock_with(LockOptions::new().namespace("hint"))
+            .expect("opts");
+        for i in 0..10 {
+            locks
+                .with_lock(&format!("k{i}"), Duration::from_secs(2), async {})
+                .await
+                .expect("both replicas up");
+        }
+        setup.replicas[1].cmd_ok(&["REPLICAOF", "NO", "ONE"]);
+        harness::wait_until(Duration::from_secs(10), || {
+            match harness::info_field(setup.primary.port(), "replication", "connected_slaves") {
+                Some(n) if n == "1" => Ok(()),
+                other => Err(format!("connected_slaves {other:?}")),
+            }
+        })
+        .expect("replica left");
+        let mut times = Vec::new();
+        for i in 0..10 {
+            let started = Instant::now();
+            let result = locks
+                .with_lock(&format!("k{i}"), Duration::from_secs(10), async {})
+                .await;
+            times.push(started.elapsed());
+            assert!(result.is_ok(), "{}: key {i}: {result:?}", kind.name());
+        }
+        println!(
+            "{}: acquisitions after a replica left: {times:?}",
+            kind.name()
+        );
+        assert!(
+            times[0] < Duration::from_millis(900),
+            "{}: WAIT was not bounded below the command timeout: {times:?}",
+            kind.name()
+        );
+        assert!(
+            times[1..].iter().all(|t| *t < Duration::from_millis(300)),
+            "{}: other slots paid for the stale hint again: {times:?}",
+            kind.name()
+        );
+    }
+}
+
+/// 6. A lock key that became another type (WRONGTYPE) loses only its own lock; the other lock in
+/// the same renewal batch keeps its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_type_key_fails_only_itself_in_a_batch() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("batch")
+                    .lease(Duration::from_millis(300)),
+            )
+            .expect("opts");
+        let broken = String::from_utf8(LockClient::server_key("batch", "broken")).expect("utf8");
+        let before = client.stats().renewals;
+        let (healthy, broken_result) = tokio::join!(
+            locks.with_lock("healthy", Duration::from_secs(2), async {
+                tokio::time::sleep(Duration::from_millis(1200)).await;
+            }),
+            locks.with_lock("broken", Duration::from_secs(2), async {
+                server.cmd_ok(&["DEL", &broken]);
+                server.cmd_ok(&["LPUSH", &broken, "not-a-token"]);
+                tokio::time::sleep(Duration::from_millis(1200)).await;
+            }),
+        );
+        assert!(
+            healthy.is_ok(),
+            "{}: healthy lock: {healthy:?}",
+            kind.name()
+        );
+        assert!(
+            matches!(
+                broken_result,
+                Err(LockError::LockLost {
+                    reason: LossReason::NotOwner,
+                    ..
+                })
+            ),
+            "{}: broken lock: {broken_result:?}",
+            kind.name()
+        );
+        assert!(client.stats().renewals - before >= 3, "{}", kind.name());
+        assert_eq!(server.cmd_ok(&["TYPE", &broken]).as_str(), Some("list"));
+    }
+}
+
+/// 7. 100,000 waits on distinct busy keys, each cancelled while waiting, leave no waiter entry
+/// behind (and memory flat).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_waits_leave_no_waiters() {
+    const KEYS: usize = 100_000;
+    let kind = ServerKind::Redis;
+    let server = Server::start(kind);
+    let client = LockClient::connect(&server.url()).await.expect("connect");
+    let locks: Locks<String> = client
+        .lock_with(LockOptions::new().namespace("waiters"))
+        .expect("opts");
+    // Every key is held by someone else (no TTL: the waits are cancelled long before).
+    let pipeline = client.fred().pipeline();
+    for i in 0..KEYS {
+        let key = LockClient::server_key("waiters", &format!("k{i}"));
+        let _: () = pipeline
+            .custom(
+                CustomCommand::new_static("SET", ClusterHash::FirstKey, false),
+                vec![Value::Bytes(key.into()), Value::from("other")],
+            )
+            .await
+            .expect("queue SET");
+    }
+    let _: Vec<Value> = pipeline.all().await.expect("SETs");
+    let rss_before = rss_kib();
+    let mut cancelled = 0_u64;
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..KEYS {
+        let locks = locks.clone();
+        set.spawn(async move {
+            tokio::time::timeout(
+                Duration::from_millis(30),
+                locks.with_lock(&format!("k{i}"), Duration::from_secs(60), async {}),
+            )
+            .await
+            .is_err()
+        });
+        if set.len() >= 1000 {
+            while let Some(done) = set.join_next().await {
+                cancelled += u64::from(done.expect("task"));
+            }
+        }
+    }
+    while let Some(done) = set.join_next().await {
+        cancelled += u64::from(done.expect("task"));
+    }
+    let rss_after = rss_kib();
+    let waiting = sage_lock::__private::waiter_keys(&client);
+    println!(
+        "100000 cancelled waits: {} cancelled, waiter map {waiting} keys, RSS {rss_before} -> {rss_after} KiB",
+        cancelled
+    );
+    assert_eq!(cancelled, KEYS as u64, "every wait was cancelled");
+    assert_eq!(waiting, 0, "cancelled waits left waiter entries behind");
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// 8. A busy `try_with_lock` sends its acquisition script only, no release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_try_sends_no_release() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks: Locks<String> = client
+            .lock_with(LockOptions::new().namespace("busy-try"))
+            .expect("opts");
+        let (release, holder) = harness::hold_by_hand(&locks, "k").await;
+        // Let the holder's acquisition settle, then count only the tries.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let calls = || {
+            harness::commandstats_calls(server.port(), "evalsha")
+                + harness::commandstats_calls(server.port(), "eval")
+        };
+        let before = calls();
+        for _ in 0..20 {
+            let busy = locks.try_with_lock("k", async {}).await;
+            assert!(matches!(busy, Ok(None)), "{busy:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let sent = calls() - before;
+        println!("{}: 20 busy tries sent {sent} scripts", kind.name());
+        assert_eq!(sent, 20, "{}: busy tries sent releases too", kind.name());
+        let _ = release.send(());
+        holder.await.expect("holder");
+    }
+}
+
+/// 9. A holder key without TTL does not make a waiter poll in a tight loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_without_ttl_is_polled_with_backoff() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("no-ttl"))
+            .expect("opts");
+        let key = String::from_utf8(LockClient::server_key("no-ttl", "k")).expect("utf8");
+        server.cmd_ok(&["SET", &key, "forever"]);
+        let before = harness::commandstats_calls(server.port(), "evalsha");
+        let result = locks.with_lock("k", Duration::from_secs(1), async {}).await;
+        let polls = harness::commandstats_calls(server.port(), "evalsha") - before;
+        println!(
+            "{}: 1 s wait on a key without TTL: {polls} polls",
+            kind.name()
+        );
+        assert!(
+            matches!(result, Err(LockError::TimedOut { .. })),
+            "{result:?}"
+        );
+        assert!(polls < 40, "{}: {polls} polls in one second", kind.name());
+    }
+}
+
+/// A `Write` sink shared with a tracing subscriber.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Ok(mut out) = self.0.lock() {
+            out.extend_from_slice(buf);
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// 10. No password in Debug of the builder or client, in errors, or in tracing output (every
+/// level, a good and a bad password).
+#[tokio::test]
+async fn no_secret_in_debug_errors_or_traces() {
+    const SECRET: &str = "s3cr3t-Pw-91";
+    const WRONG: &str = "wr0ng-Pw-17";
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        server.cmd_ok(&[
+            "ACL",
+            "SETUSER",
+            "app",
+            "on",
+            &format!(">{SECRET}"),
+            "~*",
+            "+@all",
+        ]);
+        let url = format!("redis://app:{SECRET}@127.0.0.1:{}", server.port());
+        let builder = LockClient::builder().url(&url);
+        let debug = format!("{builder:?}");
+        assert!(!debug.contains(SECRET), "builder Debug: {debug}");
+        let config = sage_lock::fred::types::config::Config::from_url(&url).expect("url");
+        let debug = format!("{:?}", LockClient::builder().config(config));
+        assert!(!debug.contains(SECRET), "builder Debug (config): {debug}");
+        let client = builder
+            .connect()
+            .await
+            .expect("connect with the right password");
+        let debug = format!("{client:?}");
+        assert!(!debug.contains(SECRET), "client Debug: {debug}");
+        let locks: Locks<str> = client.lock();
+        locks
+            .with_lock("k", Duration::from_secs(1), async {})
+            .await
+            .expect("lock");
+        let bad = format!("redis://app:{WRONG}@127.0.0.1:{}", server.port());
+        let error = LockClient::builder()
+            .url(&bad)
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .expect_err("wrong password");
+        for text in [
+            format!("{error}"),
+            format!("{error:?}"),
+            format!("{error:#}"),
+        ] {
+            assert!(!text.contains(WRONG), "error: {text}");
+        }
+        let malformed = LockClient::connect(&format!("redis://app:{WRONG}@127.0.0.1:notaport"))
+            .await
+            .expect_err("bad port");
+        assert!(!format!("{malformed:?}").contains(WRONG), "{malformed:?}");
+        client.quit().await;
+    }
+    let output = String::from_utf8_lossy(&captured.0.lock().map(|o| o.clone()).unwrap_or_default())
+        .into_owned();
+    assert!(output.len() > 100, "tracing captured nothing: {output}");
+    assert!(!output.contains(SECRET), "password in traces");
+    assert!(!output.contains(WRONG), "wrong password in traces");
+}
+
+/// 11. With the renewer stalled (server SIGSTOPped), the safety net cancels the body before its
+/// usable lease ends (100 ms lease: the net leads by 10 ms; at the 30 ms minimum by 3 ms, see
+/// the unit test `the_safety_net_leads_the_usable_lease`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn safety_net_cancels_before_the_usable_lease_ends() {
+    struct DropTime(Arc<Mutex<Option<Instant>>>);
+    impl Drop for DropTime {
+        fn drop(&mut self) {
+            if let Ok(mut at) = self.0.lock() {
+                *at = Some(Instant::now());
+            }
+        }
+    }
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("net")
+                    .lease(Duration::from_millis(100)),
+            )
+            .expect("opts");
+        let mut late = Vec::new();
+        for _ in 0..5 {
+            let dropped = Arc::new(Mutex::new(None));
+            let end = Arc::new(Mutex::new(None));
+            let result = locks
+                .with_lock("k", Duration::from_secs(2), {
+                    let (dropped, end) = (dropped.clone(), end.clone());
+                    let server = &server;
+                    async move {
+                        let _guard = DropTime(dropped);
+                        let lease = sage_lock::current_lease().expect("lease");
+                        server.pause();
+                        if let Ok(mut end) = end.lock() {
+                            *end = Some(Instant::now() + lease.remaining());
+                        }
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                })
+                .await;
+            server.resume();
+            assert!(
+                matches!(result, Err(LockError::LockLost { .. })),
+                "{result:?}"
+            );
+            let (dropped, end) = (
+                dropped.lock().ok().and_then(|d| *d),
+                end.lock().ok().and_then(|e| *e),
+            );
+            let (Some(dropped), Some(end)) = (dropped, end) else {
+                panic!("body did not record its times");
+            };
+            late.push(dropped.checked_duration_since(end));
+        }
+        println!(
+            "{}: body dropped after the usable lease by {late:?}",
+            kind.name()
+        );
+        assert!(
+            late.iter().all(Option::is_none),
+            "{}: body ran past its usable lease: {late:?}",
+            kind.name()
+        );
+    }
+}
+
+/// 12. A fencing token lower than the last one this client saw for the key (the counter was lost
+/// to FLUSHALL) is detected: a warning and a counter in the stats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_regression_is_detected() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("fence-back"))
+            .expect("opts");
+        let token = || async {
+            locks
+                .with_lock("k", Duration::from_secs(1), async {
+                    sage_lock::current_lease().map(|l| l.fencing_token())
+                })
+                .await
+                .expect("lock")
+                .expect("lease")
+        };
+        let (first, second) = (token().await, token().await);
+        assert!(second > first);
+        assert_eq!(client.stats().fence_regressions, 0);
+        server.cmd_ok(&["FLUSHALL"]);
+        let after = token().await;
+        println!(
+            "{}: tokens {first}, {second}, after FLUSHALL {after}",
+            kind.name()
+        );
+        assert!(after < second, "the counter really went backwards");
+        assert_eq!(client.stats().fence_regressions, 1, "{}", kind.name());
+    }
+}
+
+/// 13. Nested tuple keys never collide with flat ones.
+#[test]
+fn nested_tuple_keys_do_not_collide() {
+    let nested = LockClient::server_key("ns", &(("a", "b"),));
+    let flat = LockClient::server_key("ns", &("a:b",));
+    assert_ne!(nested, flat);
+    assert_ne!(
+        LockClient::server_key("ns", &(("a", "b"), "c")),
+        LockClient::server_key("ns", &("a", ("b", "c")))
+    );
+    assert_ne!(
+        LockClient::server_key("ns", &((("a",), "b"),)),
+        LockClient::server_key("ns", &(("a", "b"),))
+    );
+    // Flat tuples keep their plain encoding.
+    assert_eq!(
+        LockClient::server_key("ns", &("account", 42_u64)),
+        b"{ns:account:42}"
+    );
+}
+
+/// 14. A grant whose reply arrives after the lease was spent (the server was SIGSTOPped
+/// mid-acquisition) is retried within the wait instead of becoming `LockLost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_grant_is_retried_within_the_wait() {
+    for kind in ServerKind::ALL {
+        let server = Arc::new(Server::start(kind));
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("late")
+                    .lease(Duration::from_millis(50)),
+            )
+            .expect("opts");
+        locks
+            .with_lock("k", Duration::from_secs(1), async {})
+            .await
+            .expect("warm");
+        server.pause();
+        let resumer = {
+            let server = server.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                server.resume();
+            })
+        };
+        let result = locks
+            .with_lock("k", Duration::from_secs(3), async { 14 })
+            .await;
+        resumer.join().expect("resumer");
+        assert_eq!(result.expect("granted on retry"), 14, "{}", kind.name());
+    }
+}
+
+/// 15. After a Sentinel failover the shared connection may still reach the old primary, which
+/// keeps claiming the primary role for seconds (writes there are lost) before answering READONLY.
+/// Releases on it must still remove the lock on the new primary, and the shared connection must
+/// move over promptly (reconnect on a role mismatch or READONLY), not after ~11 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_after_failover_reaches_the_new_primary() {
+    for kind in ServerKind::ALL {
+        let setup = SentinelSetup::start(kind);
+        let old_primary = setup.current_primary_port();
+        let client = LockClient::connect(&setup.url()).await.expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("readonly"))
+            .expect("opts");
+        locks
+            .with_lock("k", Duration::from_secs(2), async {})
+            .await
+            .expect("before");
+        setup.sentinels[0].cmd_ok(&["SENTINEL", "FAILOVER", harness::SENTINEL_SERVICE]);
+        let new_primary = setup
+            .wait_for_failover(old_primary, Duration::from_secs(20))
+            .expect("failover");
+        let switched = Instant::now();
+        let key = String::from_utf8(LockClient::server_key("readonly", "after")).expect("utf8");
+        locks
+            .with_lock("after", Duration::from_secs(10), async {})
+            .await
+            .expect("acquire on the new primary");
+        let released = harness::cmd(new_primary, &["EXISTS", &key])
+            .ok()
+            .and_then(|r| r.as_int());
+        let mut moved = None;
+        while switched.elapsed() < Duration::from_secs(15) {
+            if client
+                .fred()
+                .active_connections()
+                .iter()
+                .any(|s| s.port == new_primary)
+            {
+                moved = Some(switched.elapsed());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        println!(
+            "{}: after the failover, lock key left on the new primary: {released:?}; shared connection on the new primary after {moved:?}",
+            kind.name()
+        );
+        assert_eq!(
+            released,
+            Some(0),
+            "{}: the release missed the new primary",
+            kind.name()
+        );
+        assert!(
+            moved.is_some_and(|t| t < Duration::from_secs(5)),
+            "{}: shared connection moved after {moved:?}",
+            kind.name()
+        );
+    }
+}
+
+/// 16. Acquisitions cancelled at every point of their flight on a replicated deployment (the
+/// acquire on a dedicated connection, the cleanup release elsewhere) leave no lock key behind
+/// once cleanup is done: the cleanup never overtakes the acquire it cleans up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_release_never_overtakes_its_acquire() {
+    for kind in ServerKind::ALL {
+        let setup = Replicated::start(kind, 1);
+        let client = replicated_client(&setup).await;
+        let locks: Locks<String> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("order")
+                    .lease(Duration::from_secs(30)),
+            )
+            .expect("opts");
+        locks
+            .with_lock("warm", Duration::from_secs(2), async {})
+            .await
+            .expect("warm");
+        let mut tasks = Vec::new();
+        for i in 0..200_u64 {
+            let locks = locks.clone();
+            tasks.push(tokio::spawn(async move {
+                let cut = Duration::from_micros(100 + (i * 37) % 3000);
+                let _ = tokio::time::timeout(
+                    cut,
+                    locks.with_lock(&format!("k{i}"), Duration::from_secs(5), async {
+                        tokio::time::sleep(Duration::from_secs(10)).await;
+                    }),
+                )
+                .await;
+            }));
+        }
+        for task in tasks {
+            task.await.expect("task");
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let left = setup.primary.cmd_ok(&["KEYS", "{order:k*}"]);
+        let left = left.as_array().map_or(0, <[_]>::len);
+        println!(
+            "{}: 200 cancelled acquisitions left {left} lock keys",
+            kind.name()
+        );
+        assert_eq!(
+            left,
+            0,
+            "{}: cleanup was overtaken by its acquire",
+            kind.name()
+        );
+    }
+}
