@@ -220,6 +220,47 @@ impl LockKeys {
     }
 }
 
+/// The `SCAN ... MATCH` pattern of every lock key in `namespace`: `{ns:*}` with the namespace
+/// escaped as in [`LockKeys::new`], then glob metacharacters (`*?[]\\`) escaped with `\\`.
+/// Lock keys end with the tag's `}`; companion keys (`:fence`, ...) do not, so they never match.
+pub(crate) fn scan_pattern(namespace: &str) -> Vec<u8> {
+    let mut escaped = Vec::with_capacity(namespace.len() + 8);
+    escape_into(namespace.as_bytes(), true, &mut escaped);
+    let mut pattern = Vec::with_capacity(escaped.len() + 4);
+    pattern.push(b'{');
+    for byte in escaped {
+        if matches!(byte, b'*' | b'?' | b'[' | b']' | b'\\') {
+            pattern.push(b'\\');
+        }
+        pattern.push(byte);
+    }
+    pattern.extend_from_slice(b":*}");
+    pattern
+}
+
+/// The encoded key of `server_key` if it is a lock key of `namespace` (the inverse of
+/// [`LockKeys::new`]), else `None`.
+pub(crate) fn decode_lock_key(namespace: &str, server_key: &[u8]) -> Option<Vec<u8>> {
+    let mut prefix = vec![b'{'];
+    escape_into(namespace.as_bytes(), true, &mut prefix);
+    prefix.push(b':');
+    let inner = server_key.strip_prefix(&prefix[..])?.strip_suffix(b"}")?;
+    let mut key = Vec::with_capacity(inner.len());
+    let mut rest = inner;
+    while let Some((&byte, tail)) = rest.split_first() {
+        let (decoded, more) = match (byte, tail) {
+            (b'%', [b'2', b'5', more @ ..]) => (b'%', more),
+            (b'%', [b'7', b'B', more @ ..]) => (b'{', more),
+            (b'%', [b'7', b'D', more @ ..]) => (b'}', more),
+            (b'%' | b'{' | b'}', _) => return None,
+            (other, more) => (other, more),
+        };
+        key.push(decoded);
+        rest = more;
+    }
+    Some(key)
+}
+
 fn escape_into(bytes: &[u8], escape_colon: bool, out: &mut Vec<u8>) {
     for &byte in bytes {
         match byte {
@@ -297,6 +338,25 @@ mod tests {
             &LockKeys::new("lock", b"account:42").lock[..],
             b"{lock:account:42}"
         );
+    }
+
+    #[test]
+    fn scan_patterns_escape_globs_and_keys_decode() {
+        assert_eq!(scan_pattern("lock"), b"{lock:*}");
+        assert_eq!(scan_pattern("a*b?[c]\\d"), b"{a\\*b\\?\\[c\\]\\\\d:*}");
+        assert_eq!(scan_pattern("x:y{z}%"), b"{x%3Ay%7Bz%7D%25:*}");
+        for (ns, key) in [
+            ("lock", &b"account:42"[..]),
+            ("a:b*", b"{}%:x"),
+            ("n", b""),
+            ("n", b"\xff%7B"),
+        ] {
+            let keys = LockKeys::new(ns, key);
+            assert_eq!(decode_lock_key(ns, &keys.lock).as_deref(), Some(key));
+            assert_eq!(decode_lock_key(ns, &keys.fence), None);
+        }
+        assert_eq!(decode_lock_key("a", &LockKeys::new("ab", b"k").lock), None);
+        assert_eq!(decode_lock_key("a", b"{a:%zz}"), None);
     }
 
     #[cfg(feature = "uuid")]

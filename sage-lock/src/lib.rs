@@ -123,6 +123,7 @@ pub use observe::LockStats;
 pub use options::{LockOptions, MIN_LEASE};
 pub use pool::DedicatedConnection;
 pub use primitives::mutex::Locks;
+pub use primitives::operator::{HeldLock, HolderInfo};
 pub use primitives::rwlock::{RwLocks, WRITER_INTENT};
 pub use primitives::semaphore::Semaphores;
 pub use profile::{Profile, Profiles};

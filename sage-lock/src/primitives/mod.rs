@@ -4,5 +4,6 @@
 mod family;
 mod multi;
 pub(crate) mod mutex;
+pub(crate) mod operator;
 pub(crate) mod rwlock;
 pub(crate) mod semaphore;

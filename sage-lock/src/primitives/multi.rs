@@ -23,8 +23,8 @@ use crate::retry::millis;
 use crate::scripts::{Script, ScriptCall};
 use crate::topology::Deployment;
 
-/// Acquire all. `KEYS`: lock, fence, waiter queue and waiter deadlines of each key (the mutex's
-/// layout), in fours; `ARGV`: token, lease ms, which key's fencing token to reply (1-based).
+/// Acquire all. `KEYS`: lock, fence, waiter queue, waiter deadlines and grant time of each key
+/// (the mutex's layout), in fives; `ARGV`: token, lease ms, which key's fencing token to reply (1-based).
 /// Granted only when no key has another owner and no key has a live queued mutex waiter at its
 /// head (multi-key callers never queue): then every key is set (or, already this token's,
 /// extended) and its counter incremented, and the reply is `{1, fence of that key}`; else
@@ -33,7 +33,7 @@ const ACQUIRE_ALL: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local holders = {}
-for i = 1, #KEYS, 4 do
+for i = 1, #KEYS, 5 do
   local holder = redis.call('GET', KEYS[i])
   if holder and holder ~= ARGV[1] then
     return {0, redis.call('PTTL', KEYS[i])}
@@ -50,16 +50,17 @@ for i = 1, #KEYS, 4 do
   holders[i] = holder
 end
 local report = 0
-for i = 1, #KEYS, 4 do
+for i = 1, #KEYS, 5 do
   local fence
   if holders[i] then
     redis.call('PEXPIRE', KEYS[i], ARGV[2])
     fence = tonumber(redis.call('GET', KEYS[i + 1]) or '0')
   else
     redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+    redis.call('SET', KEYS[i + 4], now)
     fence = redis.call('INCR', KEYS[i + 1])
   end
-  if (i + 3) / 4 == tonumber(ARGV[3]) then
+  if (i + 4) / 5 == tonumber(ARGV[3]) then
     report = fence
   end
 end
@@ -73,7 +74,7 @@ return {1, report}
 const RELEASE_ALL: &str = r"
 local released = 0
 local now
-for i = 1, #KEYS, 4 do
+for i = 1, #KEYS, 5 do
   if redis.call('GET', KEYS[i]) == ARGV[1] then
     released = released + redis.call('DEL', KEYS[i])
     local head = redis.call('LINDEX', KEYS[i + 2], 0)
@@ -83,7 +84,7 @@ for i = 1, #KEYS, 4 do
         now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
       end
       if tonumber(redis.call('ZSCORE', KEYS[i + 3], head) or '0') > now then
-        redis.pcall('SPUBLISH', ARGV[(i + 3) / 4 + 1], head)
+        redis.pcall('SPUBLISH', ARGV[(i + 4) / 5 + 1], head)
       end
     end
   end
@@ -98,7 +99,7 @@ return 0
 /// holds this token expire in `ms`. Replies 1 if any did, else 0.
 const SHORTEN_ALL: &str = r"
 local kept = 0
-for i = 1, #KEYS, 4 do
+for i = 1, #KEYS, 5 do
   if redis.call('GET', KEYS[i]) == ARGV[1] then
     kept = kept + redis.call('PEXPIRE', KEYS[i], ARGV[2])
   end

@@ -4,7 +4,9 @@
 //! TTL; its fencing counter is `{ns:k}:fence`. Waiters queue in arrival order on the server:
 //! `{ns:k}:queue` (their tokens, oldest first) and `{ns:k}:waiters` (each one's deadline, so a
 //! dead waiter is skipped), and a release publishes the next waiter's token on
-//! `{ns:k}:released` (see [`crate::notify`]).
+//! `{ns:k}:released` (see [`crate::notify`]). `{ns:k}:since` holds the server time (ms) of the
+//! last grant, for [`Locks::holder`]; like the fencing counter it has no TTL and is overwritten
+//! by the next grant.
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -40,7 +42,8 @@ end
 }
 
 /// Acquire. KEYS: lock, fence, queue (list of waiting tokens, oldest first), deadlines (sorted
-/// set: token -> server ms after which the waiter counts as dead). ARGV: token, lease ms, waiter
+/// set: token -> server ms after which the waiter counts as dead), since (server ms of the last
+/// grant). ARGV: token, lease ms, waiter
 /// TTL ms (0: a try, which never queues).
 ///
 /// Grants (`SET NX PX` + `INCR` fence) only when the lock is free and the queue's live head is
@@ -65,6 +68,7 @@ if (not head) or head == ARGV[1] then
       redis.call('LPOP', KEYS[3])
       redis.call('ZREM', KEYS[4], head)
     end
+    redis.call('SET', KEYS[5], now or clock())
     return {1, redis.call('INCR', KEYS[2])}
   end
 end
@@ -143,17 +147,18 @@ static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE))
 static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
 static SHORTEN_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SHORTEN));
 
-/// The keys of one mutex's scripts: lock, fence, waiter queue, waiter deadlines.
+/// The keys of one mutex's scripts: lock, fence, waiter queue, waiter deadlines, grant time.
 pub(super) fn script_keys(keys: &LockKeys) -> Vec<Bytes> {
     vec![
         keys.lock.clone(),
         keys.fence.clone(),
         suffixed(&keys.lock, b":queue"),
         suffixed(&keys.lock, b":waiters"),
+        suffixed(&keys.lock, b":since"),
     ]
 }
 
-fn suffixed(key: &[u8], suffix: &[u8]) -> Bytes {
+pub(super) fn suffixed(key: &[u8], suffix: &[u8]) -> Bytes {
     let mut name = Vec::with_capacity(key.len() + suffix.len());
     name.extend_from_slice(key);
     name.extend_from_slice(suffix);
@@ -221,7 +226,7 @@ impl Rules for MutexRules {
 }
 
 /// The shared rules value (no state).
-static MUTEX: LazyLock<Arc<dyn Rules>> = LazyLock::new(|| Arc::new(MutexRules));
+pub(super) static MUTEX: LazyLock<Arc<dyn Rules>> = LazyLock::new(|| Arc::new(MutexRules));
 
 /// A family of locks over keys of type `K` with one lease, namespace and acknowledgement mode.
 ///

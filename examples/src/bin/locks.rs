@@ -1,0 +1,227 @@
+//! `locks`: see and clear the locks of a namespace, for the person on call.
+//!
+//! ```text
+//! cargo run -p sage-lock-examples --bin locks -- list   --url redis://127.0.0.1:6379 --namespace account-updates
+//! cargo run -p sage-lock-examples --bin locks -- show   account:42 --url ... --namespace ...
+//! cargo run -p sage-lock-examples --bin locks -- unlock account:42 --url ... --namespace ... [--by "alice, incident 1234"]
+//! ```
+//!
+//! `--url` defaults to `SAGE_LOCK_URL` (any URL `LockClient::connect` takes: standalone,
+//! Sentinel, cluster), `--namespace` to `lock`. `list` scans every primary (`SCAN`, never
+//! `KEYS`) and prints a table of the held locks: key, fencing token, lease left, time held.
+//! `show` prints one lock's holder. `unlock` force-releases a lock (the holder's next renewal
+//! fails and its body is cancelled); it is logged at warn by the library with `--by` (default:
+//! `$USER`).
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use sage_lock::{HeldLock, HolderInfo, LockClient, LockOptions, Locks};
+
+const USAGE: &str = "usage: locks <list | show KEY | unlock KEY> [--url URL] [--namespace NS] [--by WHO]
+  --url        server URL (default: $SAGE_LOCK_URL), e.g. redis://127.0.0.1:6379 or redis-cluster://h:p
+  --namespace  the locks' namespace (default: lock)
+  --by         who unlocks and why, logged (unlock only; default: $USER)";
+
+/// What to do.
+#[derive(Debug, PartialEq, Eq)]
+enum Command {
+    List,
+    Show(String),
+    Unlock(String),
+}
+
+/// The parsed command line.
+#[derive(Debug, PartialEq, Eq)]
+struct Cli {
+    command: Command,
+    url: Option<String>,
+    namespace: String,
+    by: Option<String>,
+}
+
+fn parse(args: &[String]) -> anyhow::Result<Cli> {
+    let mut positional = Vec::new();
+    let (mut url, mut namespace, mut by) = (None, None, None);
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        let slot = match arg.as_str() {
+            "--url" => &mut url,
+            "--namespace" | "-n" => &mut namespace,
+            "--by" => &mut by,
+            "-h" | "--help" => bail!("{USAGE}"),
+            flag if flag.starts_with("--") => bail!("unknown option {flag}\n{USAGE}"),
+            _ => {
+                positional.push(arg.clone());
+                continue;
+            }
+        };
+        let value = iter
+            .next()
+            .with_context(|| format!("{arg} needs a value\n{USAGE}"))?;
+        *slot = Some(value.clone());
+    }
+    let command = match positional.as_slice() {
+        [list] if list == "list" => Command::List,
+        [show, key] if show == "show" => Command::Show(key.clone()),
+        [unlock, key] if unlock == "unlock" => Command::Unlock(key.clone()),
+        [] => bail!("no command given\n{USAGE}"),
+        other => bail!("cannot understand {other:?}\n{USAGE}"),
+    };
+    Ok(Cli {
+        command,
+        url,
+        namespace: namespace.unwrap_or_else(|| "lock".to_owned()),
+        by,
+    })
+}
+
+fn duration(value: Option<Duration>) -> String {
+    match value {
+        None => "-".to_owned(),
+        Some(d) if d < Duration::from_secs(1) => format!("{}ms", d.as_millis()),
+        Some(d) => format!("{:.1}s", d.as_secs_f64()),
+    }
+}
+
+/// One row of the table: key, fencing token, lease left, time held.
+type Row = (String, u64, Option<Duration>, Option<Duration>);
+
+fn row(key: String, holder: &HolderInfo) -> Row {
+    (key, holder.fencing_token, holder.remaining, holder.held_for)
+}
+
+/// The table `list` and `show` print.
+fn table(rows: &[Row]) -> String {
+    let width = rows
+        .iter()
+        .map(|(key, ..)| key.chars().count())
+        .chain([3])
+        .max()
+        .unwrap_or(3);
+    let mut out = format!(
+        "{:<width$}  {:>13}  {:>9}  {:>9}\n",
+        "KEY", "FENCING TOKEN", "REMAINING", "HELD FOR"
+    );
+    for (key, token, remaining, held_for) in rows {
+        let _ = writeln!(
+            out,
+            "{key:<width$}  {token:>13}  {:>9}  {:>9}",
+            duration(*remaining),
+            duration(*held_for)
+        );
+    }
+    out
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let url = match cli.url {
+        Some(url) => url,
+        None => std::env::var(sage_lock_examples::URL_VARIABLE)
+            .ok()
+            .filter(|url| !url.is_empty())
+            .with_context(|| format!("give --url URL (or set SAGE_LOCK_URL)\n{USAGE}"))?,
+    };
+    let client = LockClient::connect(&url).await?;
+    let locks: Locks<str> =
+        client.lock_with(LockOptions::new().namespace(cli.namespace.as_str()))?;
+    let namespace = &cli.namespace;
+    match cli.command {
+        Command::List => {
+            let held: Vec<HeldLock> = locks.scan().await?;
+            let rows: Vec<Row> = held.into_iter().map(|h| row(h.key, &h.holder)).collect();
+            print!("{}", table(&rows));
+            println!("{} held in namespace {namespace:?}", plural(rows.len()));
+        }
+        Command::Show(key) => match locks.holder(key.as_str()).await? {
+            Some(holder) => print!("{}", table(&[row(key, &holder)])),
+            None => println!("{key:?} is not locked in namespace {namespace:?}"),
+        },
+        Command::Unlock(key) => {
+            let by = cli
+                .by
+                .or_else(|| std::env::var("USER").ok())
+                .filter(|by| !by.trim().is_empty())
+                .unwrap_or_else(|| "unknown operator".to_owned());
+            let by = format!("{by} (locks CLI)");
+            if locks.force_unlock(key.as_str(), &by).await? {
+                println!("unlocked {key:?} in namespace {namespace:?}");
+            } else {
+                println!("{key:?} was not locked in namespace {namespace:?}");
+            }
+        }
+    }
+    client.quit().await;
+    Ok(())
+}
+
+fn plural(n: usize) -> String {
+    if n == 1 {
+        "1 lock".to_owned()
+    } else {
+        format!("{n} locks")
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match parse(&args) {
+        Ok(cli) => run(cli).await,
+        Err(error) => Err(error),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("locks: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(line: &str) -> Vec<String> {
+        line.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn parses_the_commands() {
+        let cli = parse(&args("list --url redis://h:1 --namespace ns")).expect("list");
+        assert_eq!(cli.command, Command::List);
+        assert_eq!(cli.url.as_deref(), Some("redis://h:1"));
+        assert_eq!(cli.namespace, "ns");
+        let cli = parse(&args("unlock k --by alice")).expect("unlock");
+        assert_eq!(cli.command, Command::Unlock("k".into()));
+        assert_eq!(cli.by.as_deref(), Some("alice"));
+        assert_eq!(cli.namespace, "lock");
+        assert!(parse(&args("show")).is_err());
+        assert!(parse(&args("list --url")).is_err());
+        assert!(parse(&args("list --colour red")).is_err());
+        assert!(parse(&[]).is_err());
+    }
+
+    #[test]
+    fn formats_a_table() {
+        let text = table(&[(
+            "account:42".into(),
+            17,
+            Some(Duration::from_millis(29_100)),
+            Some(Duration::from_millis(900)),
+        )]);
+        assert!(text.starts_with("KEY"), "{text}");
+        assert!(text.contains("account:42"), "{text}");
+        assert!(text.contains("29.1s") && text.contains("900ms"), "{text}");
+    }
+}

@@ -1,0 +1,114 @@
+//! The `locks` command-line tool as a process against live Redis and Valkey servers: `list`
+//! prints the held locks of a namespace as a table, `show` one holder, `unlock` clears a lock
+//! (its holder loses it) and says when there was nothing to clear.
+
+use std::process::Command;
+use std::time::Duration;
+
+use sage_lock::{LockClient, LockError, LockOptions, Locks, current_lease};
+use sage_lock_examples::{ServerKind, ThrowawayServer};
+use tokio::sync::oneshot;
+
+fn locks_cli(url: &str, namespace: &str, args: &[&str]) -> (bool, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_locks"))
+        .args(args)
+        .args(["--url", url, "--namespace", namespace])
+        .env_remove(sage_lock_examples::URL_VARIABLE)
+        .output()
+        .expect("run the locks tool");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_show_unlock() {
+    for kind in [ServerKind::Redis, ServerKind::Valkey] {
+        let server = ThrowawayServer::start_kind(kind).expect("start a server");
+        let url = server.url().to_owned();
+        let client = LockClient::connect(&url).await.expect("connect");
+        let namespace = "on-call";
+        let locks: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace(namespace)
+                    .lease(Duration::from_millis(800)),
+            )
+            .expect("options");
+        let mut tokens = Vec::new();
+        let mut holders = Vec::new();
+        for key in ["account:42", "report:daily"] {
+            let (token_tx, token_rx) = oneshot::channel();
+            let locks = locks.clone();
+            holders.push(tokio::spawn(async move {
+                locks
+                    .with_lock(key, Duration::from_secs(5), async move {
+                        let _ = token_tx.send(current_lease().expect("lease").fencing_token());
+                        std::future::pending::<()>().await;
+                    })
+                    .await
+            }));
+            tokens.push(token_rx.await.expect("acquired"));
+        }
+
+        let run = |args: &'static [&'static str]| {
+            let url = url.clone();
+            tokio::task::spawn_blocking(move || locks_cli(&url, namespace, args))
+        };
+        let (ok, out, err) = run(&["list"]).await.expect("list");
+        assert!(ok, "{kind}: {err}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(
+            lines[0].starts_with("KEY") && lines[0].contains("FENCING TOKEN"),
+            "{out}"
+        );
+        assert!(
+            lines[1].starts_with("account:42") && lines[2].starts_with("report:daily"),
+            "{out}"
+        );
+        assert!(lines[1].contains(&tokens[0].to_string()), "{out}");
+        assert!(
+            out.contains("2 locks held in namespace \"on-call\""),
+            "{out}"
+        );
+
+        let (ok, out, err) = run(&["show", "report:daily"]).await.expect("show");
+        assert!(ok, "{kind}: {err}");
+        assert!(
+            out.lines()
+                .nth(1)
+                .is_some_and(|line| line.starts_with("report:daily")),
+            "{out}"
+        );
+
+        let (ok, out, err) = run(&["unlock", "account:42", "--by", "cli-test"])
+            .await
+            .expect("unlock");
+        assert!(ok, "{kind}: {err}");
+        assert!(out.contains("unlocked \"account:42\""), "{out}");
+        let lost = tokio::time::timeout(Duration::from_secs(3), holders.remove(0))
+            .await
+            .expect("the holder noticed")
+            .expect("holder task");
+        assert!(
+            matches!(lost, Err(LockError::LockLost { .. })),
+            "{kind}: {lost:?}"
+        );
+
+        let (ok, out, _) = run(&["unlock", "account:42"]).await.expect("unlock again");
+        assert!(ok && out.contains("was not locked"), "{out}");
+        let (ok, out, _) = run(&["show", "account:42"]).await.expect("show free");
+        assert!(ok && out.contains("is not locked"), "{out}");
+        let (ok, out, _) = run(&["list"]).await.expect("list");
+        assert!(ok && out.contains("1 lock held"), "{out}");
+
+        let (ok, _, err) = run(&["frobnicate"]).await.expect("bad command");
+        assert!(!ok && err.contains("usage: locks"), "{err}");
+        for holder in holders {
+            holder.abort();
+        }
+        client.quit().await;
+    }
+}

@@ -1,0 +1,430 @@
+//! Operator tools on a mutex family: who holds a lock, for how long, forced release, and a scan
+//! of the held locks of a namespace (`SCAN` on every primary, never `KEYS`).
+
+use std::borrow::Borrow;
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use fred::bytes::Bytes;
+use fred::error::{Error, ErrorKind};
+use fred::interfaces::{ClientLike as _, ClusterInterface as _, KeysInterface as _};
+use fred::types::{ClusterHash, CustomCommand, Key, Value};
+use tokio::time::Instant;
+
+use super::mutex::{Locks, MUTEX, suffixed};
+use crate::connection::OpError;
+use crate::error::LockError;
+use crate::key::{KeyCodec, LockKeys, decode_lock_key, printable, scan_pattern};
+use crate::scripts::{Script, parse_flag};
+
+/// Inspect (read-only). KEYS: lock, fence, since. Replies `{0}` when the lock key does not
+/// exist, `{-1, type}` when it is not a mutex's (a string), else
+/// `{1, pttl, fence, since_ms or -1, now_ms}`.
+const INSPECT: &str = r"
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'none' then return {0} end
+if kind ~= 'string' then return {-1, kind} end
+local pttl = redis.call('PTTL', KEYS[1])
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
+local since = tonumber(redis.call('GET', KEYS[3]) or '-1') or -1
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return {1, pttl, fence, since, now}
+";
+
+static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT));
+
+/// How many keys one `SCAN` call asks for.
+const SCAN_COUNT: i64 = 1000;
+/// How often [`Locks::force_unlock`] tries again when the holder changes under it.
+const FORCE_ATTEMPTS: usize = 3;
+
+/// Who holds a lock, as the server sees it: from [`Locks::holder`] or [`Locks::scan`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HolderInfo {
+    /// The fencing token of the current hold (the key's fencing counter).
+    pub fencing_token: u64,
+    /// How long the lease has left on the server (`PTTL`); `None` when the key has no expiry
+    /// (it was set by hand).
+    pub remaining: Option<Duration>,
+    /// How long ago the lock was acquired (server time); `None` when unknown.
+    pub held_for: Option<Duration>,
+}
+
+/// One held lock found by [`Locks::scan`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeldLock {
+    /// The key, printable (non-UTF-8 bytes escaped).
+    pub key: String,
+    /// The key's bytes as [`KeyCodec`] encoded them (for [`Locks::force_unlock`] on a
+    /// `Locks<[u8]>`).
+    pub key_bytes: Vec<u8>,
+    /// Its holder.
+    pub holder: HolderInfo,
+}
+
+/// What the inspect script found.
+enum Inspected {
+    Free,
+    Held(HolderInfo),
+    /// The key exists but is not a mutex's.
+    Other(String),
+}
+
+fn protocol(what: &str) -> Error {
+    Error::new(ErrorKind::Protocol, format!("unexpected reply to {what}"))
+}
+
+fn parse_inspect(reply: &Value) -> Result<Inspected, Error> {
+    let Value::Array(items) = reply else {
+        return Err(protocol("the inspect script"));
+    };
+    let number = |index: usize| items.get(index).and_then(Value::as_i64);
+    match number(0) {
+        Some(0) => Ok(Inspected::Free),
+        Some(-1) => Ok(Inspected::Other(
+            items.get(1).and_then(Value::as_string).unwrap_or_default(),
+        )),
+        Some(1) => {
+            let (pttl, fence, since, now) = (number(1), number(2), number(3), number(4));
+            let (Some(pttl), Some(fence), Some(since), Some(now)) = (pttl, fence, since, now)
+            else {
+                return Err(protocol("the inspect script"));
+            };
+            let millis = |ms: i64| u64::try_from(ms).ok().map(Duration::from_millis);
+            Ok(Inspected::Held(HolderInfo {
+                fencing_token: u64::try_from(fence).unwrap_or(0),
+                remaining: millis(pttl),
+                held_for: if since < 0 {
+                    None
+                } else {
+                    millis(now.saturating_sub(since).max(0))
+                },
+            }))
+        }
+        _ => Err(protocol("the inspect script")),
+    }
+}
+
+fn failed(context: String, error: OpError) -> LockError {
+    match error {
+        OpError::Failed(error) => LockError::backend(context, error),
+        OpError::PoolExhausted => LockError::backend(
+            context,
+            Error::new(ErrorKind::Timeout, "dedicated pool exhausted"),
+        ),
+    }
+}
+
+impl<K: ?Sized> Locks<K> {
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.engine.conn.command_timeout
+    }
+
+    async fn inspect(&self, keys: &LockKeys) -> Result<Inspected, LockError> {
+        let call = INSPECT_SCRIPT.call(
+            keys.slot,
+            vec![
+                keys.lock.clone(),
+                keys.fence.clone(),
+                suffixed(&keys.lock, b":since"),
+            ],
+            Vec::new(),
+        );
+        let context = || format!("could not inspect the lock on {}", keys.display);
+        let reply = self
+            .engine
+            .conn
+            .run_plain(&call, self.deadline())
+            .await
+            .map_err(|error| failed(context(), error))?;
+        parse_inspect(&reply).map_err(|error| LockError::backend(context(), error))
+    }
+
+    /// Whether some owner holds the lock on `key` now.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: sage_lock::Locks<str>) -> Result<(), sage_lock::LockError> {
+    /// if locks.is_locked("account:42").await? {
+    ///     println!("busy");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] when the server cannot answer.
+    pub async fn is_locked<Q>(&self, key: &Q) -> Result<bool, LockError>
+    where
+        K: Borrow<Q>,
+        Q: KeyCodec + ?Sized,
+    {
+        let keys = self.keys(key);
+        Ok(!matches!(self.inspect(&keys).await?, Inspected::Free))
+    }
+
+    /// Who holds the lock on `key`: its fencing token, the lease left on the server and how
+    /// long it has been held; `None` when it is free.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: sage_lock::Locks<str>) -> Result<(), sage_lock::LockError> {
+    /// if let Some(holder) = locks.holder("account:42").await? {
+    ///     println!("token {} held for {:?}", holder.fencing_token, holder.held_for);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] when the key holds something other than a lock of this
+    /// kind (another primitive, or a value set by hand); [`LockError::Backend`] when the server
+    /// cannot answer.
+    pub async fn holder<Q>(&self, key: &Q) -> Result<Option<HolderInfo>, LockError>
+    where
+        K: Borrow<Q>,
+        Q: KeyCodec + ?Sized,
+    {
+        let keys = self.keys(key);
+        match self.inspect(&keys).await? {
+            Inspected::Free => Ok(None),
+            Inspected::Held(holder) => Ok(Some(holder)),
+            Inspected::Other(kind) => Err(not_a_mutex(&keys, &kind)),
+        }
+    }
+
+    /// Releases the lock on `key` whoever holds it, for an operator clearing a stuck lock;
+    /// logged at warn with `by` (who asked, and why). Returns whether a hold was removed.
+    ///
+    /// The holder is not told: its next renewal finds the lock gone and its body is cancelled
+    /// with [`LockError::LockLost`] (reason `NotOwner`), but until then it may still be
+    /// running. Prefer waiting for the lease to run out when the holder may be alive.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: sage_lock::Locks<str>) -> Result<(), sage_lock::LockError> {
+    /// let removed = locks.force_unlock("account:42", "alice, incident 1234").await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] when `by` is empty or the key is not a lock of this kind;
+    /// [`LockError::Backend`] when the server cannot answer.
+    pub async fn force_unlock<Q>(&self, key: &Q, by: &str) -> Result<bool, LockError>
+    where
+        K: Borrow<Q>,
+        Q: KeyCodec + ?Sized,
+    {
+        if by.trim().is_empty() {
+            return Err(LockError::invalid(
+                "by",
+                "say who forces the unlock and why, e.g. \"alice, incident 1234\"; it is logged",
+            ));
+        }
+        let keys = self.keys(key);
+        let context = || format!("could not force-unlock {}", keys.display);
+        for _ in 0..FORCE_ATTEMPTS {
+            let fencing_token = match self.inspect(&keys).await? {
+                Inspected::Free => return Ok(false),
+                Inspected::Other(kind) => return Err(not_a_mutex(&keys, &kind)),
+                Inspected::Held(holder) => holder.fencing_token,
+            };
+            let read = self
+                .engine
+                .conn
+                .fred
+                .get::<Option<Bytes>, _>(Key::from(keys.lock.clone()));
+            let token = match tokio::time::timeout_at(self.deadline(), read).await {
+                Ok(Ok(Some(token))) => token,
+                Ok(Ok(None)) => return Ok(false),
+                Ok(Err(error)) => return Err(LockError::backend(context(), error)),
+                Err(_) => {
+                    let error = Error::new(ErrorKind::Timeout, "no reply in time");
+                    return Err(LockError::backend(context(), error));
+                }
+            };
+            // The release script: compare-and-delete, then hand the lock to the next waiter.
+            let call = MUTEX.release_call(&keys, &token);
+            let reply = self
+                .engine
+                .conn
+                .run_plain(&call, self.deadline())
+                .await
+                .map_err(|error| failed(context(), error))?;
+            if parse_flag(&reply).map_err(|error| LockError::backend(context(), error))? {
+                self.engine.waiters.wake_one(&keys.lock);
+                tracing::warn!(
+                    key = %keys.display,
+                    namespace = %self.settings.namespace,
+                    by,
+                    fencing_token,
+                    "lock force-unlocked"
+                );
+                return Ok(true);
+            }
+            // Released or re-acquired between the two reads: look again.
+        }
+        Ok(false)
+    }
+
+    /// Every lock held in this family's namespace now, sorted by key: `SCAN` with a `MATCH` on
+    /// the namespace on every primary (of each shard, in a cluster), then one read per lock.
+    /// Locks taken or released during the scan may or may not be listed.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: sage_lock::Locks<str>) -> Result<(), sage_lock::LockError> {
+    /// for held in locks.scan().await? {
+    ///     println!("{} token {} left {:?}", held.key, held.holder.fencing_token, held.holder.remaining);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] when a server cannot answer.
+    pub async fn scan(&self) -> Result<Vec<HeldLock>, LockError> {
+        let namespace = &self.settings.namespace;
+        let pattern = Value::Bytes(Bytes::from(scan_pattern(namespace)));
+        let mut found: BTreeMap<Vec<u8>, HeldLock> = BTreeMap::new();
+        for slot in self.primaries() {
+            let mut cursor = Value::from("0");
+            loop {
+                let command = CustomCommand::new_static("SCAN", ClusterHash::Custom(slot), false);
+                let args = vec![
+                    cursor,
+                    Value::from("MATCH"),
+                    pattern.clone(),
+                    Value::from("COUNT"),
+                    Value::Integer(SCAN_COUNT),
+                ];
+                let page = self.engine.conn.fred.custom::<Value, Value>(command, args);
+                let context = || format!("could not scan the locks of namespace {namespace}");
+                let reply = match tokio::time::timeout_at(self.deadline(), page).await {
+                    Ok(Ok(reply)) => reply,
+                    Ok(Err(error)) => return Err(LockError::backend(context(), error)),
+                    Err(_) => {
+                        let error = Error::new(ErrorKind::Timeout, "no reply in time");
+                        return Err(LockError::backend(context(), error));
+                    }
+                };
+                let (next, server_keys) = parse_scan(reply)
+                    .ok_or_else(|| LockError::backend(context(), protocol("SCAN")))?;
+                for server_key in server_keys {
+                    let Some(key) = decode_lock_key(namespace, &server_key) else {
+                        continue;
+                    };
+                    let keys = LockKeys::new(namespace, &key);
+                    if let Inspected::Held(holder) = self.inspect(&keys).await? {
+                        let held = HeldLock {
+                            key: printable(&key),
+                            key_bytes: key.clone(),
+                            holder,
+                        };
+                        found.insert(key, held);
+                    }
+                }
+                if next == b"0" {
+                    break;
+                }
+                cursor = Value::Bytes(Bytes::from(next));
+            }
+        }
+        Ok(found.into_values().collect())
+    }
+
+    /// One slot served by each primary (one primary outside a cluster), to route `SCAN` by.
+    fn primaries(&self) -> Vec<u16> {
+        let fred = &self.engine.conn.fred;
+        if !fred.is_clustered() {
+            return vec![0];
+        }
+        let Some(routing) = fred.cached_cluster_state() else {
+            return vec![0];
+        };
+        let mut by_primary = BTreeMap::new();
+        for range in routing.slots() {
+            by_primary
+                .entry(format!("{}:{}", range.primary.host, range.primary.port))
+                .or_insert(range.start);
+        }
+        by_primary.into_values().collect()
+    }
+}
+
+/// `SCAN`'s `[cursor, [key, ...]]`.
+fn parse_scan(reply: Value) -> Option<(Vec<u8>, Vec<Vec<u8>>)> {
+    let Value::Array(mut items) = reply else {
+        return None;
+    };
+    if items.len() != 2 {
+        return None;
+    }
+    let keys = items.pop()?;
+    let cursor = items.pop()?.as_bytes()?.to_vec();
+    let Value::Array(keys) = keys else {
+        return None;
+    };
+    let keys = keys
+        .into_iter()
+        .map(|key| key.as_bytes().map(<[u8]>::to_vec))
+        .collect::<Option<Vec<_>>>()?;
+    Some((cursor, keys))
+}
+
+fn not_a_mutex(keys: &LockKeys, kind: &str) -> LockError {
+    LockError::invalid(
+        "key",
+        format!(
+            "{} holds a {kind}, not a lock of this kind (another primitive's key, or a value set by hand): inspect it with the tool of that primitive",
+            keys.display
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inspect_replies() {
+        let held = Value::Array(vec![
+            Value::Integer(1),
+            Value::Integer(1500),
+            Value::Integer(7),
+            Value::Integer(1_000),
+            Value::Integer(3_500),
+        ]);
+        let Ok(Inspected::Held(holder)) = parse_inspect(&held) else {
+            panic!("held not parsed");
+        };
+        assert_eq!(holder.fencing_token, 7);
+        assert_eq!(holder.remaining, Some(Duration::from_millis(1500)));
+        assert_eq!(holder.held_for, Some(Duration::from_millis(2500)));
+        let no_ttl = Value::Array(vec![
+            Value::Integer(1),
+            Value::Integer(-1),
+            Value::Integer(0),
+            Value::Integer(-1),
+            Value::Integer(3_500),
+        ]);
+        let Ok(Inspected::Held(holder)) = parse_inspect(&no_ttl) else {
+            panic!("held not parsed");
+        };
+        assert_eq!((holder.remaining, holder.held_for), (None, None));
+        assert!(matches!(
+            parse_inspect(&Value::Array(vec![Value::Integer(0)])),
+            Ok(Inspected::Free)
+        ));
+        assert!(parse_inspect(&Value::Null).is_err());
+    }
+
+    #[test]
+    fn scan_replies() {
+        let reply = Value::Array(vec![
+            Value::from("17"),
+            Value::Array(vec![Value::from("{lock:a}"), Value::from("{lock:b}")]),
+        ]);
+        let (cursor, keys) = parse_scan(reply).expect("parsed");
+        assert_eq!(cursor, b"17");
+        assert_eq!(keys, vec![b"{lock:a}".to_vec(), b"{lock:b}".to_vec()]);
+        assert!(parse_scan(Value::Null).is_none());
+    }
+}
