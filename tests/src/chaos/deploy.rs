@@ -139,7 +139,7 @@ impl Deployment {
         Ok(counts)
     }
 
-    /// Lock keys (not fencing counters) left on the primaries.
+    /// Lock keys (not fencing counters or grant times) left on the primaries.
     pub fn lock_keys(&self) -> Result<Vec<String>, String> {
         let mut keys = Vec::new();
         for server in self.primaries() {
@@ -168,7 +168,9 @@ impl Deployment {
                         .unwrap_or_default()
                         .iter()
                         .filter_map(crate::Reply::to_text)
-                        .filter(|k| !k.ends_with(":fence")),
+                        // Kept on purpose, without a TTL: the fencing counter and the
+                        // last grant's time (`Locks::holder`).
+                        .filter(|k| !k.ends_with(":fence") && !k.ends_with(":since")),
                 );
                 cursor = next.to_text().unwrap_or_else(|| "0".to_owned());
                 if cursor == "0" {
