@@ -68,7 +68,11 @@ if (not head) or head == ARGV[1] then
       redis.call('LPOP', KEYS[3])
       redis.call('ZREM', KEYS[4], head)
     end
-    redis.call('SET', KEYS[5], now or clock())
+    if not now then
+      local t = redis.call('TIME')
+      now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+    redis.call('SET', KEYS[5], now)
     return {1, redis.call('INCR', KEYS[2])}
   end
 end

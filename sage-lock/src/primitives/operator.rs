@@ -16,7 +16,7 @@ use super::mutex::{Locks, MUTEX, suffixed};
 use crate::connection::OpError;
 use crate::error::LockError;
 use crate::key::{KeyCodec, LockKeys, decode_lock_key, printable, scan_pattern};
-use crate::scripts::{Script, parse_flag};
+use crate::scripts::{Script, parse_release};
 
 /// Inspect (read-only). KEYS: lock, fence, since. Replies `{0}` when the lock key does not
 /// exist, `{-1, type}` when it is not a mutex's (a string), else
@@ -250,7 +250,9 @@ impl<K: ?Sized> Locks<K> {
                 .run_plain(&call, self.deadline())
                 .await
                 .map_err(|error| failed(context(), error))?;
-            if parse_flag(&reply).map_err(|error| LockError::backend(context(), error))? {
+            let (released, _next) =
+                parse_release(&reply).map_err(|error| LockError::backend(context(), error))?;
+            if released {
                 self.engine.waiters.wake_one(&keys.lock);
                 tracing::warn!(
                     key = %keys.display,
