@@ -125,7 +125,8 @@ impl Deployment {
 
     /// Client connections that can only be the workers': every connection in `CLIENT LIST` of
     /// the [`Deployment::client_facing`] servers except named ones (Sentinels name theirs),
-    /// replication links (flags `M`/`S`) and the one asking. Counted by port.
+    /// replication links (flags `M`/`S`), `MIGRATE` links between cluster nodes and the one
+    /// asking. Counted by port.
     pub fn worker_connections(&self) -> Result<std::collections::HashMap<u16, i64>, String> {
         let mut counts = std::collections::HashMap::new();
         for server in self.client_facing() {
@@ -184,7 +185,9 @@ impl Deployment {
     }
 }
 
-/// Whether one `CLIENT LIST` line is a plain, unnamed client connection other than the caller's.
+/// Whether one `CLIENT LIST` line is a plain, unnamed client connection other than the caller's
+/// and other than a cluster node's `MIGRATE` connection (cached by the source node for 10 s,
+/// last command `RESTORE-ASKING`).
 fn is_worker_connection(line: &str) -> bool {
     let field = |name: &str| {
         line.split(' ')
@@ -194,5 +197,5 @@ fn is_worker_connection(line: &str) -> bool {
     !line.trim().is_empty()
         && field("name").is_empty()
         && !field("flags").contains(['M', 'S'])
-        && field("cmd") != "client|list"
+        && !matches!(field("cmd"), "client|list" | "restore-asking" | "restore")
 }
