@@ -35,6 +35,14 @@ impl Errors {
         self.push(syn::Error::new_spanned(tokens, message));
     }
 
+    /// Every message collected so far (for tests).
+    #[cfg(test)]
+    pub(crate) fn messages(self) -> Vec<String> {
+        self.0
+            .map(|error| error.into_iter().map(|e| e.to_string()).collect())
+            .unwrap_or_default()
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.0.is_none()
     }
@@ -54,13 +62,6 @@ pub(crate) enum KeyArg {
     Expr(Expr),
     /// `key = [k1, k2, ..]`: all of several keys (each a template or an expression).
     Many(Vec<KeyArg>),
-}
-
-/// Which side of a read-write lock `mode` asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RwMode {
-    Read,
-    Write,
 }
 
 /// A checked duration literal.
@@ -88,7 +89,7 @@ pub(crate) struct Args {
     /// `reentrant` (a flag without a value).
     pub(crate) reentrant: bool,
     /// `mode = "read" | "write"`: a read-write lock.
-    pub(crate) mode: Option<(RwMode, Span)>,
+    pub(crate) mode: Option<(crate::modes::RwMode, Span)>,
     /// `permits = N`: a semaphore with N permits (N >= 1).
     pub(crate) permits: Option<(u32, Span)>,
 }
@@ -218,7 +219,7 @@ impl Parse for RawArg {
 }
 
 /// A value as a literal, looking through attributes-free literal expressions.
-fn as_lit(expr: &Expr) -> Option<&Lit> {
+pub(crate) fn as_lit(expr: &Expr) -> Option<&Lit> {
     match expr {
         Expr::Lit(lit) if lit.attrs.is_empty() => Some(&lit.lit),
         Expr::Group(group) => as_lit(&group.expr),
@@ -319,12 +320,12 @@ pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
                 ),
                 None => errors.at(span, "`crate` needs a value: `crate = ::sage_lock`"),
             },
-            "mode" => args.mode = mode_arg(span, arg.value, errors),
-            "permits" => args.permits = permits_arg(span, arg.value, errors),
+            "mode" => args.mode = crate::modes::mode(span, arg.value, errors),
+            "permits" => args.permits = crate::modes::permits(span, arg.value, errors),
             _ => errors.at(span, unknown_argument(&name)),
         }
     }
-    check_primitive(&args, errors);
+    crate::modes::check(&args, errors);
     args.try_lock = try_lock_flag.is_some_and(|(on, _)| on);
     if args.key.is_none() && !seen.iter().any(|name| name == "key") {
         errors.at(
@@ -363,111 +364,6 @@ fn unknown_argument(name: &str) -> String {
     match suggestion {
         Some(good) => format!("unknown argument `{name}`: did you mean `{good}`? ({known})"),
         None => format!("unknown argument `{name}`: {known}"),
-    }
-}
-
-/// `mode`, `permits` and several keys pick different primitives: at most one of them.
-fn check_primitive(args: &Args, errors: &mut Errors) {
-    if let (Some(_), Some((_, span))) = (args.mode, args.permits) {
-        errors.at(
-            span,
-            "`mode` and `permits` cannot be combined: `mode` asks for a read-write lock, \
-             `permits` for a semaphore; remove one of them",
-        );
-    }
-    if let Some(profile) = &args.profile {
-        let other = args
-            .mode
-            .map(|(_, span)| (span, "mode"))
-            .or(args.permits.map(|(_, span)| (span, "permits")))
-            .or(matches!(args.key, Some(KeyArg::Many(_))).then(|| (profile.span(), "key = [..]")));
-        if let Some((span, name)) = other {
-            errors.at(
-                span,
-                format!(
-                    "`profile` works with the single-key mutex only, not with `{name}`: remove \
-                     `profile` and give `lease`/`namespace`/`wait` explicitly"
-                ),
-            );
-        }
-    }
-    if matches!(args.key, Some(KeyArg::Many(_))) {
-        let other = args
-            .mode
-            .map(|(_, span)| (span, "mode"))
-            .or(args.permits.map(|(_, span)| (span, "permits")));
-        if let Some((span, name)) = other {
-            errors.at(
-                span,
-                format!(
-                    "`{name}` works with one key: `key = [..]` locks several keys with the \
-                     (exclusive) mutex; remove `{name}` or give a single `key = \"...\"`"
-                ),
-            );
-        }
-    }
-}
-
-fn mode_arg(span: Span, value: Option<Expr>, errors: &mut Errors) -> Option<(RwMode, Span)> {
-    let fix = "write `mode = \"read\"` (shared with other readers) or `mode = \"write\"` (alone)";
-    let Some(value) = value else {
-        errors.at(span, format!("`mode` needs a value: {fix}"));
-        return None;
-    };
-    match as_lit(&value) {
-        Some(Lit::Str(text)) => match text.value().as_str() {
-            "read" => Some((RwMode::Read, text.span())),
-            "write" => Some((RwMode::Write, text.span())),
-            other => {
-                let hint = closest(other, &["read", "write"])
-                    .map(|good| format!("did you mean `\"{good}\"`? "))
-                    .unwrap_or_default();
-                errors.at(text.span(), format!("unknown mode `{other}`: {hint}{fix}"));
-                None
-            }
-        },
-        _ => {
-            errors.spanned(&value, format!("`mode` must be a string literal: {fix}"));
-            None
-        }
-    }
-}
-
-fn permits_arg(span: Span, value: Option<Expr>, errors: &mut Errors) -> Option<(u32, Span)> {
-    let fix = "write e.g. `permits = 4`, the most holders of the key at a time";
-    let Some(value) = value else {
-        errors.at(span, format!("`permits` needs a value: {fix}"));
-        return None;
-    };
-    match as_lit(&value) {
-        Some(Lit::Int(int)) => match int.base10_parse::<u32>() {
-            Ok(0) => {
-                errors.at(
-                    int.span(),
-                    "`permits` must be at least 1: a semaphore with no permits could never be \
-                     acquired; write e.g. `permits = 4`",
-                );
-                None
-            }
-            Ok(permits) => Some((permits, int.span())),
-            Err(_) => {
-                errors.at(
-                    int.span(),
-                    format!(
-                        "`permits` must be a whole number from 1 to {}: {fix}",
-                        u32::MAX
-                    ),
-                );
-                None
-            }
-        },
-        _ => {
-            errors.spanned(
-                &value,
-                format!("`permits` must be an integer literal, checked at compile time: {fix}"),
-            );
-            None
-        }
     }
 }
 
@@ -735,32 +631,6 @@ mod tests {
         assert!(all[0].contains("did you mean `hold_at_least`?"), "{all:?}");
         let all = messages(quote!(key "x"));
         assert!(all[0].contains("expected `=`"), "{all:?}");
-    }
-
-    #[test]
-    fn primitive_modes() {
-        let mut errors = Errors::default();
-        let args = parse(quote!(key = "r", wait = "1s", mode = "read"), &mut errors);
-        assert!(errors.is_empty());
-        assert_eq!(args.mode.map(|(m, _)| m), Some(RwMode::Read));
-        let args = parse(quote!(key = "s", try_lock, permits = 3), &mut errors);
-        assert!(errors.is_empty());
-        assert_eq!(args.permits.map(|(p, _)| p), Some(3));
-        let args = parse(quote!(key = ["a:{x}", y], wait = "1s"), &mut errors);
-        assert!(errors.is_empty());
-        assert!(matches!(args.key, Some(KeyArg::Many(ref keys)) if keys.len() == 2));
-        let all = messages(quote!(key = id, wait = "1s", permits = 0));
-        assert!(all[0].contains("at least 1"), "{all:?}");
-        let all = messages(quote!(key = id, wait = "1s", mode = "read", permits = 2));
-        assert!(all[0].contains("cannot be combined"), "{all:?}");
-        let all = messages(quote!(key = id, wait = "1s", mode = "raed"));
-        assert!(all[0].contains("did you mean `\"read\"`"), "{all:?}");
-        let all = messages(quote!(key = [], wait = "1s"));
-        assert!(all[0].contains("names no key"), "{all:?}");
-        let all = messages(quote!(key = [a, b], wait = "1s", mode = "write"));
-        assert!(all[0].contains("works with one key"), "{all:?}");
-        let all = messages(quote!(key = id, wait = "1s", permits = "2"));
-        assert!(all[0].contains("integer literal"), "{all:?}");
     }
 
     #[test]

@@ -40,8 +40,9 @@ use syn::{
     Type, TypeParamBound,
 };
 
-use crate::args::{self, Args, Errors, KeyArg, RwMode};
+use crate::args::{self, Args, Errors, KeyArg};
 use crate::key::{self, Scope};
+use crate::modes::RwMode;
 use crate::profile;
 
 /// Entry point: `#[locked(args)] item`.

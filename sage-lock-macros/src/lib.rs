@@ -7,6 +7,7 @@ mod args;
 mod duration;
 mod expand;
 mod key;
+mod modes;
 mod profile;
 
 use proc_macro::TokenStream;
