@@ -19,6 +19,10 @@ use crate::retry::deadline_after;
 use crate::scripts::{ScriptCall, is_noscript};
 use crate::topology::{Checked, Deployment, ReplicaHints, run_checked};
 
+/// How long releasing may take before [`Locks::with_lock`](crate::Locks::with_lock) returns
+/// anyway (see its example). A release is a connection-level operation, so the bound lives here.
+pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// What every lock operation of one client shares: connections, deployment, counters.
 pub(crate) struct Connection {
     pub(crate) fred: Client,
@@ -155,10 +159,8 @@ fn abandon(loan: Loan, cleanup: Option<ScriptCall<'static>>, shared: Client) {
     };
     runtime.spawn(async move {
         if let Some(cleanup) = cleanup {
-            let release = tokio::time::timeout(
-                crate::engine::RELEASE_TIMEOUT * 2,
-                run_plain(&loan.conn, &cleanup),
-            );
+            let release =
+                tokio::time::timeout(RELEASE_TIMEOUT * 2, run_plain(&loan.conn, &cleanup));
             let unblock = async {
                 let Some(id) = loan.client_id() else {
                     return std::future::pending().await;

@@ -36,9 +36,7 @@ pub(crate) use waiters::Waiters;
 /// How long [`Locks::try_with_lock`](crate::Locks::try_with_lock) retries transient failures at
 /// most (see [`Locks::with_lock`](crate::Locks::with_lock)'s example).
 pub const TRY_LOCK_RETRY_WINDOW: Duration = Duration::from_secs(1);
-/// How long releasing may take before [`Locks::with_lock`](crate::Locks::with_lock) returns
-/// anyway (see its example).
-pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(1);
+pub use crate::connection::RELEASE_TIMEOUT;
 
 /// How long a waiter keeps its place in a lock's server-side queue without trying again: a
 /// waiter that died (or stalled this long) is skipped after at most this long.
