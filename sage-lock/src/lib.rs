@@ -91,6 +91,7 @@
 //   engine:      renewal, engine (acquire → hold → release, generic over a primitive's Rules)
 //   primitives:  primitives::* (each states its scripts and rules)
 //   façade:      client (LockClient), global, macro_support, macro_profile
+mod builder;
 mod client;
 mod connection;
 mod duration;
@@ -111,10 +112,12 @@ mod profile;
 mod renewal;
 mod retry;
 mod scripts;
+mod tls;
 mod topology;
 mod url;
 
-pub use client::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_CONNECTIONS, LockClient, LockClientBuilder};
+pub use builder::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_CONNECTIONS, LockClientBuilder};
+pub use client::LockClient;
 pub use engine::{RELEASE_TIMEOUT, TRY_LOCK_RETRY_WINDOW};
 pub use error::{LockError, LossReason, TimeoutReason};
 pub use key::KeyCodec;

@@ -32,6 +32,10 @@ pub(crate) fn parse_url(url: &str) -> Result<Config, LockError> {
             ),
         ));
     }
+    if scheme.is_some_and(crate::tls::scheme_uses_tls) {
+        // fred builds its rustls configuration for rediss:// from the process-wide provider.
+        crate::tls::install_crypto_provider();
+    }
     Config::from_url(url).map_err(|error| {
         LockError::invalid(
             "url",

@@ -17,6 +17,7 @@
 pub mod chaos;
 mod resp;
 mod server;
+pub mod tls;
 mod topology;
 
 use std::sync::OnceLock;

@@ -20,6 +20,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::resp::{self, Reply, parse_info_field};
+use crate::tls::ServerCerts;
 
 /// How long a server (or a topology) may take to become ready before the harness panics.
 pub const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -158,6 +159,9 @@ pub struct ServerConfig {
     pub sentinel: bool,
     /// Pick a port whose cluster bus port (`port + 10000`) is free too.
     pub cluster_bus: bool,
+    /// TLS only: `--port 0 --tls-port P` with certificates generated in the temp dir (see
+    /// [`ServerConfig::tls`]).
+    pub tls: bool,
 }
 
 impl ServerConfig {
@@ -168,6 +172,7 @@ impl ServerConfig {
             args: Vec::new(),
             sentinel: false,
             cluster_bus: false,
+            tls: false,
         }
     }
 
@@ -183,6 +188,15 @@ impl ServerConfig {
 
     pub fn sentinel(mut self) -> ServerConfig {
         self.sentinel = true;
+        self
+    }
+
+    /// TLS only: no plaintext port (`--port 0`), `--tls-port P`, a CA and a server certificate
+    /// for [`crate::tls::SERVER_SAN`] generated with `openssl` in the temp dir
+    /// ([`Server::tls_certs`]), `tls-auth-clients no`. The harness's plaintext admin commands
+    /// ([`Server::cmd`]) do not work on it: readiness is read from the log.
+    pub fn tls(mut self) -> ServerConfig {
+        self.tls = true;
         self
     }
 
@@ -230,6 +244,7 @@ pub struct Server {
     binary: PathBuf,
     port: u16,
     dir: PathBuf,
+    tls: Option<ServerCerts>,
     running: Mutex<Option<Running>>,
 }
 
@@ -254,8 +269,14 @@ impl Server {
     pub fn launch(config: ServerConfig) -> Server {
         let binary = config.kind.binary();
         let dir = new_temp_dir(&config);
+        let tls = config.tls.then(|| ServerCerts::generate(&dir));
         let conf_path = dir.join(conf_file_name(&config));
-        if let Err(e) = fs::write(&conf_path, base_conf(&config, &dir)) {
+        let mut conf = base_conf(&config, &dir);
+        for line in tls.iter().flat_map(ServerCerts::conf_lines) {
+            conf.push_str(&line);
+            conf.push('\n');
+        }
+        if let Err(e) = fs::write(&conf_path, conf) {
             panic!("writing {}: {e}", conf_path.display());
         }
         let mut last = String::new();
@@ -268,6 +289,7 @@ impl Server {
                         binary,
                         port,
                         dir,
+                        tls,
                         running: Mutex::new(Some(running)),
                     };
                 }
@@ -300,6 +322,16 @@ impl Server {
     /// `redis://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `rediss://127.0.0.1:PORT` (for a [`ServerConfig::tls`] server).
+    pub fn tls_url(&self) -> String {
+        format!("rediss://127.0.0.1:{}", self.port)
+    }
+
+    /// The certificates of a [`ServerConfig::tls`] server.
+    pub fn tls_certs(&self) -> Option<&ServerCerts> {
+        self.tls.as_ref()
     }
 
     /// `127.0.0.1:PORT`.
@@ -602,8 +634,12 @@ fn spawn(
     if config.sentinel {
         command.arg("--sentinel");
     }
+    if config.tls {
+        command.args(["--port", "0", "--tls-port"]);
+    } else {
+        command.arg("--port");
+    }
     command
-        .arg("--port")
         .arg(port.to_string())
         .args(&config.args)
         .current_dir(dir)
@@ -652,8 +688,17 @@ fn spawn(
                 fatal(msg)
             });
         }
+        // A TLS-only server has no plaintext port to ask: ready once it says so and accepts
+        // connections (it started on the port, so the port is its own).
+        if config.tls
+            && log_since(&log_path, log_start).contains("Ready to accept connections")
+            && std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok()
+        {
+            return Ok(running);
+        }
         // Ready when INFO answers from THIS process (not from whoever else may hold the port).
-        if let Ok(info) = resp::info_timeout(port, "server", Duration::from_secs(1))
+        if !config.tls
+            && let Ok(info) = resp::info_timeout(port, "server", Duration::from_secs(1))
             && parse_info_field(&info, "process_id").as_deref() == Some(pid.as_str())
         {
             return Ok(running);

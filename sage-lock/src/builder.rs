@@ -1,0 +1,380 @@
+//! Making a [`LockClient`]: [`LockClient::connect`], [`LockClient::builder`] and
+//! [`LockClientBuilder`], [`LockClient::from_fred`], and the fred settings lock safety relies on.
+
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use fred::clients::Client;
+use fred::error::Error;
+use fred::interfaces::ClientLike;
+use fred::types::Builder;
+use fred::types::config::{Config, ReconnectPolicy, TlsConfig};
+
+use crate::client::LockClient;
+use crate::error::LockError;
+use crate::tls;
+use crate::topology::Deployment;
+use crate::url::{describe, parse_url, redact};
+
+/// Default size of the dedicated connection pool; change it with
+/// [`LockClientBuilder::max_connections`] (see [`LockClientBuilder`]'s example).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16;
+/// Default time allowed for the initial connection; change it with
+/// [`LockClientBuilder::connect_timeout`] (see [`LockClientBuilder`]'s example).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+impl LockClient {
+    /// Connects to the deployment `url` names (fred's URL syntax):
+    ///
+    /// - `redis://[user:pw@]host:port[/db]` (or `valkey://`, `rediss://` for TLS): standalone
+    /// - `redis-sentinel://host:26379[/db]?sentinelServiceName=NAME&node=host2:26380`: primary
+    ///   and replicas found through Sentinel
+    /// - `redis-cluster://host:port?node=host2:port2`: cluster
+    ///
+    /// For a primary with replicas but no Sentinel, use [`LockClient::builder`] and
+    /// [`LockClientBuilder::replicated`].
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] for a malformed URL, [`LockError::Backend`] when the server
+    /// cannot be reached within [`DEFAULT_CONNECT_TIMEOUT`].
+    pub async fn connect(url: &str) -> Result<LockClient, LockError> {
+        LockClient::builder().url(url).connect().await
+    }
+
+    /// A builder for fred settings, deployment shape and pool size.
+    #[must_use]
+    pub fn builder() -> LockClientBuilder {
+        LockClientBuilder::default()
+    }
+
+    /// A lock client for the deployment an existing fred client is configured for.
+    ///
+    /// Taken from `client`: its server configuration (servers, credentials, TLS, database,
+    /// Sentinel or cluster settings), its connection settings (connect timeout, TCP options, ...)
+    /// and its performance settings. Enforced whatever `client` says, because lock safety relies
+    /// on them: fred never re-sends a command (`max_command_attempts = 1`; a replayed `WAIT`
+    /// would fake an acknowledgement), it reconnects forever (20 ms doubling to 1 s), also after
+    /// `READONLY` and `MASTERDOWN` replies, and commands time out after 5 s. The lock client
+    /// opens connections of its own (`client` is left untouched) and closes them when its last
+    /// clone is dropped. The deployment is read from the configuration; to declare a plain
+    /// server replicated, use `LockClient::builder().fred_client(&client).replicated(true)`.
+    ///
+    /// Call it inside a Tokio runtime: the connection starts at once, in the background.
+    #[must_use]
+    pub fn from_fred(client: Client) -> LockClient {
+        let deployment = Deployment::of(&client.client_config().server);
+        let settings = LockClientBuilder::default();
+        let rebuilt = build_fred(
+            client.client_config(),
+            client.connection_config().clone(),
+            client.perf_config(),
+            &settings,
+        );
+        let Ok(fred) = rebuilt else {
+            tracing::warn!("could not rebuild the fred client; using it as configured");
+            return LockClient::from_parts(
+                client,
+                None,
+                deployment,
+                DEFAULT_MAX_CONNECTIONS,
+                settings.command_timeout,
+            );
+        };
+        let task = tokio::runtime::Handle::try_current()
+            .ok()
+            .map(|_| fred.connect());
+        LockClient::from_parts(
+            fred,
+            task,
+            deployment,
+            DEFAULT_MAX_CONNECTIONS,
+            settings.command_timeout,
+        )
+    }
+}
+
+/// Builds a [`LockClient`]: where to connect, the deployment's shape, and connection settings.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), sage_lock::LockError> {
+/// use std::time::Duration;
+/// use sage_lock::LockClient;
+///
+/// let client = LockClient::builder()
+///     .url("redis://10.0.0.5:6379")
+///     .replicated(true)                  // a primary with replicas, no Sentinel
+///     .max_connections(32)               // dedicated connections for WAIT
+///     .command_timeout(Duration::from_secs(2))
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub struct LockClientBuilder {
+    config: Result<Config, LockError>,
+    replicated: Option<bool>,
+    max_connections: usize,
+    command_timeout: Duration,
+    connect_timeout: Duration,
+    reconnect: ReconnectPolicy,
+    /// The CA certificates set by `tls_ca_pem` / `tls_ca_file` (or why they are unusable).
+    tls: Option<Result<TlsConfig, LockError>>,
+    /// The redacted URL when `url` named a plaintext scheme (TLS settings then contradict it).
+    plaintext_url: Option<String>,
+}
+
+/// Shows where the builder connects, never credentials (fred's `Config` prints its password).
+impl fmt::Debug for LockClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let target = match &self.config {
+            Ok(config) => describe(config),
+            Err(error) => format!("invalid: {error}"),
+        };
+        let has_password = self
+            .config
+            .as_ref()
+            .is_ok_and(|config| config.password.is_some());
+        f.debug_struct("LockClientBuilder")
+            .field("target", &target)
+            .field(
+                "password",
+                &if has_password { "<redacted>" } else { "none" },
+            )
+            .field("replicated", &self.replicated)
+            .field("max_connections", &self.max_connections)
+            .field("command_timeout", &self.command_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("tls_ca", &self.tls.as_ref().map(|tls| tls.is_ok()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for LockClientBuilder {
+    fn default() -> Self {
+        LockClientBuilder {
+            config: Ok(Config::default()),
+            replicated: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            command_timeout: Duration::from_secs(5),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            reconnect: ReconnectPolicy::new_exponential(0, 20, 1_000, 2),
+            tls: None,
+            plaintext_url: None,
+        }
+    }
+}
+
+impl LockClientBuilder {
+    /// The server URL (see [`LockClient::connect`] for the schemes).
+    #[must_use]
+    pub fn url(mut self, url: &str) -> Self {
+        self.config = parse_url(url);
+        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+        self.plaintext_url = (!tls::scheme_uses_tls(scheme)).then(|| redact(url));
+        self
+    }
+
+    /// A complete fred configuration instead of a URL (its `tls` field included).
+    #[must_use]
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = Ok(config);
+        self.plaintext_url = None;
+        self
+    }
+
+    /// Verifies the server's TLS certificate against the CA certificates in `pem` (one or more
+    /// `-----BEGIN CERTIFICATE-----` blocks), and only against them: use it for servers whose
+    /// certificates a private CA signed. Needs a TLS URL (`rediss://`, `rediss-sentinel://`,
+    /// `rediss-cluster://`) or a [`config`](LockClientBuilder::config); without it, `rediss://`
+    /// trusts the system's CA certificates. The server's certificate must name the URL's host
+    /// (DNS name or IP address) in its subject alternative names.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), sage_lock::LockError> {
+    /// let client = sage_lock::LockClient::builder()
+    ///     .url("rediss://redis.internal:6380")
+    ///     .tls_ca_pem(std::fs::read("/etc/redis/ca.crt").unwrap_or_default())
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Bad input (no certificate in `pem`, invalid PEM or DER) makes
+    /// [`connect`](LockClientBuilder::connect) fail with [`LockError::InvalidArgument`]
+    /// (argument `tls_ca`); so does a plaintext `redis://` URL.
+    #[must_use]
+    pub fn tls_ca_pem(mut self, pem: impl AsRef<[u8]>) -> Self {
+        self.tls = Some(tls::trusting_pem(
+            pem.as_ref(),
+            "the PEM given to tls_ca_pem",
+        ));
+        self
+    }
+
+    /// [`tls_ca_pem`](LockClientBuilder::tls_ca_pem) with the PEM read from the file at `path`
+    /// (an unreadable file is a [`LockError::InvalidArgument`] at connect).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), sage_lock::LockError> {
+    /// let client = sage_lock::LockClient::builder()
+    ///     .url("rediss://10.0.0.5:6380")
+    ///     .tls_ca_file("/etc/redis/ca.crt")
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn tls_ca_file(mut self, path: impl AsRef<Path>) -> Self {
+        self.tls = Some(tls::trusting_file(path.as_ref()));
+        self
+    }
+
+    /// The server configuration of an existing fred client (servers, credentials, TLS,
+    /// database), with this builder's connection settings. The lock client opens connections of
+    /// its own; `client` is left untouched. Use it to declare a caller's plain client
+    /// [`replicated`](LockClientBuilder::replicated).
+    #[must_use]
+    pub fn fred_client(self, client: &Client) -> Self {
+        self.config(client.client_config())
+    }
+
+    /// Declares that a plain `redis://` server is the primary of a replicated deployment, so
+    /// lock operations check `ROLE` and wait for replicas. Sentinel and cluster URLs are
+    /// replicated already.
+    #[must_use]
+    pub fn replicated(mut self, replicated: bool) -> Self {
+        self.replicated = Some(replicated);
+        self
+    }
+
+    /// Size of the dedicated connection pool used for `WAIT` (default 16, at least 1).
+    #[must_use]
+    pub fn max_connections(mut self, max_connections: usize) -> Self {
+        self.max_connections = max_connections;
+        self
+    }
+
+    /// Longest time one command may take before it counts as a (transient) failure (default 5 s).
+    #[must_use]
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// Longest time the initial connection may take (default 10 s).
+    #[must_use]
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How fred reconnects after a connection loss (default: forever, 20 ms doubling to 1 s).
+    #[must_use]
+    pub fn reconnect_policy(mut self, policy: ReconnectPolicy) -> Self {
+        self.reconnect = policy;
+        self
+    }
+
+    /// Connects and returns the client.
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] for a bad URL or setting, [`LockError::Backend`] when the
+    /// server cannot be reached in time.
+    pub async fn connect(mut self) -> Result<LockClient, LockError> {
+        let mut config = std::mem::replace(&mut self.config, Ok(Config::default()))?;
+        if let Some(tls) = self.tls.take() {
+            if let Some(url) = &self.plaintext_url {
+                return Err(LockError::invalid(
+                    "tls_ca",
+                    format!(
+                        "a TLS CA was given but {url} is a plaintext URL; use rediss:// (or \
+                         rediss-sentinel://, rediss-cluster://) to connect with TLS"
+                    ),
+                ));
+            }
+            config.tls = Some(tls?);
+        }
+        if self.max_connections == 0 {
+            return Err(LockError::invalid(
+                "max_connections",
+                "must be at least 1, got 0",
+            ));
+        }
+        if self.command_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err(LockError::invalid(
+                "command_timeout",
+                "timeouts must be positive, e.g. Duration::from_secs(5)",
+            ));
+        }
+        let mut deployment = Deployment::of(&config.server);
+        if deployment == Deployment::Standalone && self.replicated == Some(true) {
+            deployment = Deployment::Replicated;
+        }
+        let target = describe(&config);
+        let uses_tls = config.tls.is_some();
+        let fred = build_fred(
+            config,
+            fred::types::config::ConnectionConfig::default(),
+            fred::types::config::PerformanceConfig::default(),
+            &self,
+        )
+        .map_err(|e| LockError::backend(format!("could not configure a client for {target}"), e))?;
+        let connected = tokio::time::timeout(self.connect_timeout, fred.init()).await;
+        let (failure, task) = match connected {
+            Ok(Ok(task)) => (None, Some(task)),
+            Ok(Err(error)) => (Some(error), None),
+            Err(_) => (
+                Some(Error::new(
+                    fred::error::ErrorKind::Timeout,
+                    format!("no connection within {:?}", self.connect_timeout),
+                )),
+                None,
+            ),
+        };
+        if let Some(error) = failure {
+            let _ = tokio::time::timeout(Duration::from_secs(1), fred.quit()).await;
+            let hint = tls::connect_hint(&error, uses_tls);
+            return Err(LockError::backend(
+                format!("could not connect to {target}: {hint}"),
+                error,
+            ));
+        }
+        Ok(LockClient::from_parts(
+            fred,
+            task,
+            deployment,
+            self.max_connections,
+            self.command_timeout,
+        ))
+    }
+}
+
+/// A fred client for `config` with the settings lock safety relies on (see
+/// [`LockClient::from_fred`]); `connection` and `perf` supply everything else.
+fn build_fred(
+    config: Config,
+    mut connection: fred::types::config::ConnectionConfig,
+    mut perf: fred::types::config::PerformanceConfig,
+    settings: &LockClientBuilder,
+) -> Result<Client, Error> {
+    // The lock layer owns retries: fred must never re-send a command on its own.
+    connection.max_command_attempts = 1;
+    connection.connection_timeout = settings.connect_timeout;
+    connection.internal_command_timeout = settings.command_timeout;
+    // A demoted primary answers READONLY without dropping the connection: reconnect (through
+    // Sentinel, to the new primary) instead of failing writes until then.
+    for error in [
+        fred::types::config::ReconnectError::MasterDown,
+        fred::types::config::ReconnectError::ReadOnly,
+    ] {
+        if !connection.reconnect_errors.contains(&error) {
+            connection.reconnect_errors.push(error);
+        }
+    }
+    perf.default_command_timeout = settings.command_timeout;
+    let mut builder = Builder::from_config(config);
+    builder
+        .set_policy(settings.reconnect.clone())
+        .set_connection_config(connection)
+        .set_performance_config(perf);
+    builder.build()
+}
