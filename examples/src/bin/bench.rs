@@ -1,7 +1,7 @@
 //! Benchmark: sage-lock against the server's own limits and against `rslock`, in one run.
 //!
 //! ```text
-//! cargo run -p sage-lock-examples --release --bin bench [-- --quick] [--json PATH] [--valkey] [--keep-awake]
+//! cargo run -p sage-lock-examples --release --bin bench [-- --quick] [--json PATH] [--valkey] [--keep-awake] [--only SUITES]
 //! ```
 //!
 //! Starts its own throwaway server (or uses `SAGE_LOCK_URL`) and measures, reporting ratios:
@@ -153,6 +153,13 @@ fn both_servers() -> anyhow::Result<()> {
 async fn run() -> anyhow::Result<()> {
     let quick = has_flag("--quick");
     let keep_awake = has_flag("--keep-awake");
+    // `--only a,b`: run only these suites (latency, throughput, primitives, contention,
+    // multi-process, renewal), e.g. to profile one of them.
+    let only: Option<String> = flag_value::<String>("--only")?;
+    let wants = |suite: &str| {
+        only.as_deref()
+            .is_none_or(|only| only.split(',').any(|s| s == suite))
+    };
     let plan = Plan::new(quick);
     let json_path: PathBuf = flag_value::<PathBuf>("--json")?
         .unwrap_or_else(|| workspace_root().join("target").join("bench.json"));
@@ -202,25 +209,31 @@ async fn run() -> anyhow::Result<()> {
     report_latency(&mut report, &current, "current-thread");
     drop(spinners);
 
-    eprintln!("throughput: SET, sage-lock, rslock (interleaved) ...");
-    let throughput = throughput_suite(&fred, &locks, &manager, &plan).await?;
-    report_throughput(&mut report, &throughput);
-
-    eprintln!("primitives: mutex, read lock, semaphore ({PRIMITIVE_TASKS} tasks) ...");
-    primitives_suite(&mut report, &client, &plan).await?;
-
-    eprintln!("contention ...");
-    contention_suite(&mut report, &client, &locks, &manager, &plan, rtt_us).await?;
-
-    eprintln!("multi-process contention: sage-lock, rslock ...");
-    multi_process_suite(&mut report, &fred, server.url(), &plan, rtt_us).await?;
-
-    eprintln!(
-        "renewal at scale: {} locks, lease {:?}, held {:?} ...",
-        plan.renew_locks, plan.renew_lease, plan.renew_hold
-    );
-    let renewal = renewal_at_scale(&client, &plan).await?;
-    report_renewal(&mut report, &renewal, &plan);
+    if wants("throughput") {
+        eprintln!("throughput: SET, sage-lock, rslock (interleaved) ...");
+        let throughput = throughput_suite(&fred, &locks, &manager, &plan).await?;
+        report_throughput(&mut report, &throughput);
+    }
+    if wants("primitives") {
+        eprintln!("primitives: mutex, read lock, semaphore ({PRIMITIVE_TASKS} tasks) ...");
+        primitives_suite(&mut report, &client, &plan).await?;
+    }
+    if wants("contention") {
+        eprintln!("contention ...");
+        contention_suite(&mut report, &client, &locks, &manager, &plan, rtt_us).await?;
+    }
+    if wants("multi-process") {
+        eprintln!("multi-process contention: sage-lock, rslock ...");
+        multi_process_suite(&mut report, &fred, server.url(), &plan, rtt_us).await?;
+    }
+    if wants("renewal") {
+        eprintln!(
+            "renewal at scale: {} locks, lease {:?}, held {:?} ...",
+            plan.renew_locks, plan.renew_lease, plan.renew_hold
+        );
+        let renewal = renewal_at_scale(&client, &plan).await?;
+        report_renewal(&mut report, &renewal, &plan);
+    }
 
     client.quit().await;
     let total = started.elapsed();

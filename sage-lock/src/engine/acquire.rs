@@ -80,7 +80,13 @@ impl Drop for WaitSlot<'_> {
 
 /// A random 128-bit owner token, as 32 hex digits.
 fn new_token() -> Bytes {
-    Bytes::from(format!("{:032x}", rand::random::<u128>()))
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bits = rand::random::<u128>();
+    let mut digits = [0_u8; 32];
+    for (i, digit) in digits.iter_mut().enumerate() {
+        *digit = HEX[usize::from(u8::try_from((bits >> (124 - 4 * i)) & 0xf).unwrap_or(0))];
+    }
+    Bytes::copy_from_slice(&digits)
 }
 
 /// Acquires per `mode`: `Ok(None)` only in [`Mode::Try`] when the lock is busy.
@@ -282,14 +288,16 @@ async fn acquire_loop(
         } else {
             rules.acquire_call(keys, &held.token, lease_duration)
         };
-        let cleanup = rules.release_call(keys, &held.token);
+        // Only a replica-acknowledged attempt runs on a connection of its own and needs it.
+        let cleanup = (settings.replica_acknowledgement && client.deployment.is_replicated())
+            .then(|| rules.release_call(keys, &held.token));
         let outcome = client
             .run(
                 &call,
                 settings.replica_acknowledgement,
                 deadline,
                 None,
-                Some(cleanup),
+                cleanup,
             )
             .await
             .and_then(|(reply, ack, node)| Ok((parse_acquire(reply)?, ack, node)));
@@ -479,6 +487,17 @@ mod tests {
     use super::*;
     use crate::connection::Connection;
     use crate::topology::Deployment;
+
+    #[test]
+    fn tokens_are_32_lowercase_hex_digits_and_differ() {
+        let (a, b) = (new_token(), new_token());
+        assert_eq!(a.len(), 32);
+        assert!(
+            a.iter()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+        );
+        assert_ne!(a, b);
+    }
 
     #[test]
     fn a_dropped_wait_slot_leaves_no_waiter_behind() {

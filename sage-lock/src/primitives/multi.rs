@@ -29,7 +29,7 @@ use crate::topology::Deployment;
 /// head (multi-key callers never queue): then every key is set (or, already this token's,
 /// extended) and its counter incremented, and the reply is `{1, fence of that key}`; else
 /// nothing changes and the reply is `{0, ms}` for a busy key.
-const ACQUIRE_ALL: &str = r"
+pub(super) const ACQUIRE_ALL: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local holders = {}
@@ -57,7 +57,7 @@ for i = 1, #KEYS, 5 do
     fence = tonumber(redis.call('GET', KEYS[i + 1]) or '0')
   else
     redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
-    redis.call('SET', KEYS[i + 4], now)
+    redis.call('SET', KEYS[i + 4], '', 'PX', '315360000000')
     fence = redis.call('INCR', KEYS[i + 1])
   end
   if (i + 4) / 5 == tonumber(ARGV[3]) then

@@ -4,9 +4,9 @@
 //! TTL; its fencing counter is `{ns:k}:fence`. Waiters queue in arrival order on the server:
 //! `{ns:k}:queue` (their tokens, oldest first) and `{ns:k}:waiters` (each one's deadline, so a
 //! dead waiter is skipped), and a release publishes the next waiter's token on
-//! `{ns:k}:released` (see [`crate::notify`]). `{ns:k}:since` holds the server time (ms) of the
-//! last grant, for [`Locks::holder`]; like the fencing counter it has no TTL and is overwritten
-//! by the next grant.
+//! `{ns:k}:released` (see [`crate::notify`]). `{ns:k}:since` marks the last grant for
+//! [`Locks::holder`]: its expiry is the grant's server time plus [`SINCE_HORIZON_MS`] (one
+//! `SET PX` in the grant, no `TIME` call), and the next grant overwrites it.
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -28,22 +28,36 @@ use crate::scripts::{Script, ScriptCall};
 /// Drops dead waiters (deadline passed, or none) from the head of the queue; leaves the live
 /// head (or nil) in `head`. Needs `now` (server ms) set first.
 macro_rules! prune_head {
-    () => {
-        r"
+    ($queue:literal, $deadlines:literal) => {
+        concat!(
+            "
 while head do
-  local due = tonumber(redis.call('ZSCORE', KEYS[4], head))
+  local due = tonumber(redis.call('ZSCORE', ",
+            $deadlines,
+            ", head))
   if due and due > now then break end
-  redis.call('LPOP', KEYS[3])
-  redis.call('ZREM', KEYS[4], head)
-  head = redis.call('LINDEX', KEYS[3], 0)
+  redis.call('LPOP', ",
+            $queue,
+            ")
+  redis.call('ZREM', ",
+            $deadlines,
+            ", head)
+  head = redis.call('LINDEX', ",
+            $queue,
+            ", 0)
 end
 "
+        )
     };
 }
 
+/// How long after a grant its `:since` marker expires (10 years): the grant's server time is
+/// the marker's `PEXPIRETIME` minus this.
+pub(super) const SINCE_HORIZON_MS: i64 = 315_360_000_000;
+
 /// Acquire. KEYS: lock, fence, queue (list of waiting tokens, oldest first), deadlines (sorted
-/// set: token -> server ms after which the waiter counts as dead), since (server ms of the last
-/// grant). ARGV: token, lease ms, waiter
+/// set: token -> server ms after which the waiter counts as dead), since (grant marker, expiring
+/// [`SINCE_HORIZON_MS`] after the grant). ARGV: token, lease ms, waiter
 /// TTL ms (0: a try, which never queues).
 ///
 /// Grants (`SET NX PX` + `INCR` fence) only when the lock is free and the queue's live head is
@@ -59,7 +73,7 @@ if head then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 ",
-    prune_head!(),
+    prune_head!("KEYS[3]", "KEYS[4]"),
     r"
 end
 if (not head) or head == ARGV[1] then
@@ -68,11 +82,7 @@ if (not head) or head == ARGV[1] then
       redis.call('LPOP', KEYS[3])
       redis.call('ZREM', KEYS[4], head)
     end
-    if not now then
-      local t = redis.call('TIME')
-      now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    end
-    redis.call('SET', KEYS[5], now)
+    redis.call('SET', KEYS[5], '', 'PX', '315360000000')
     return {1, redis.call('INCR', KEYS[2])}
   end
 end
@@ -102,7 +112,7 @@ return {0, pttl}
 "
 );
 
-/// Release. KEYS as for acquire; ARGV: token, release channel. Deletes the lock while it holds
+/// Release. KEYS: lock, queue, deadlines (see [`release_keys`]); ARGV: token, release channel. Deletes the lock while it holds
 /// this token and takes the token out of the queue; if that freed the lock or changed the head,
 /// publishes the live head's token on the channel (`SPUBLISH`, under `pcall` so a server or ACL
 /// without sharded pub/sub only costs waiters a poll). Replies 1 when it removed the hold, else 0;
@@ -114,20 +124,20 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   -- A holder is never queued (a grant takes it out of the queue).
   redis.call('DEL', KEYS[1])
   released = 1
-elseif redis.call('ZREM', KEYS[4], ARGV[1]) == 1 then
-  redis.call('LREM', KEYS[3], 1, ARGV[1])
+elseif redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
+  redis.call('LREM', KEYS[2], 1, ARGV[1])
   if redis.call('EXISTS', KEYS[1]) == 1 then
     return 0
   end
 else
   return 0
 end
-local head = redis.call('LINDEX', KEYS[3], 0)
+local head = redis.call('LINDEX', KEYS[2], 0)
 if head then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 ",
-    prune_head!(),
+    prune_head!("KEYS[2]", "KEYS[3]"),
     r"
   if head then
     redis.pcall('SPUBLISH', ARGV[2], head)
@@ -159,6 +169,15 @@ pub(super) fn script_keys(keys: &LockKeys) -> Vec<Bytes> {
         suffixed(&keys.lock, b":queue"),
         suffixed(&keys.lock, b":waiters"),
         suffixed(&keys.lock, b":since"),
+    ]
+}
+
+/// The keys of the release script: lock, waiter queue, waiter deadlines.
+fn release_keys(keys: &LockKeys) -> Vec<Bytes> {
+    vec![
+        keys.lock.clone(),
+        suffixed(&keys.lock, b":queue"),
+        suffixed(&keys.lock, b":waiters"),
     ]
 }
 
@@ -202,7 +221,7 @@ impl Rules for MutexRules {
             Value::Bytes(token.clone()),
             Value::Bytes(crate::notify::channel(&keys.lock)),
         ];
-        RELEASE_SCRIPT.call(keys.slot, script_keys(keys), args)
+        RELEASE_SCRIPT.call(keys.slot, release_keys(keys), args)
     }
 
     fn shorten_call(
@@ -407,6 +426,13 @@ mod tests {
             "{}",
             std::mem::size_of_val(&trying)
         );
+    }
+
+    #[test]
+    fn grant_scripts_use_the_since_horizon() {
+        let horizon = format!("'{SINCE_HORIZON_MS}'");
+        assert!(ACQUIRE.contains(&horizon));
+        assert!(super::super::multi::ACQUIRE_ALL.contains(&horizon));
     }
 
     #[test]

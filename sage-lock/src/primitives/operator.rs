@@ -12,13 +12,14 @@ use fred::interfaces::{ClientLike as _, ClusterInterface as _, KeysInterface as 
 use fred::types::{ClusterHash, CustomCommand, Key, Value};
 use tokio::time::Instant;
 
-use super::mutex::{Locks, MUTEX, suffixed};
+use super::mutex::{Locks, MUTEX, SINCE_HORIZON_MS, suffixed};
 use crate::connection::OpError;
 use crate::error::LockError;
 use crate::key::{KeyCodec, LockKeys, decode_lock_key, printable, scan_pattern};
 use crate::scripts::{Script, parse_release};
 
-/// Inspect (read-only). KEYS: lock, fence, since. Replies `{0}` when the lock key does not
+/// Inspect (read-only). KEYS: lock, fence, since; ARGV: the since marker's horizon
+/// ([`SINCE_HORIZON_MS`]). Replies `{0}` when the lock key does not
 /// exist, `{-1, type}` when it is not a mutex's (a string), else
 /// `{1, pttl, fence, since_ms or -1, now_ms}`.
 const INSPECT: &str = r"
@@ -27,7 +28,14 @@ if kind == 'none' then return {0} end
 if kind ~= 'string' then return {-1, kind} end
 local pttl = redis.call('PTTL', KEYS[1])
 local fence = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
-local since = tonumber(redis.call('GET', KEYS[3]) or '-1') or -1
+local since = -1
+local marked = redis.call('PEXPIRETIME', KEYS[3])
+if marked > 0 then
+  since = marked - tonumber(ARGV[1])
+else
+  -- Written by sage-lock 0.1 before the marker: the grant's server ms as the value.
+  since = tonumber(redis.call('GET', KEYS[3]) or '-1') or -1
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return {1, pttl, fence, since, now}
@@ -132,7 +140,7 @@ impl<K: ?Sized> Locks<K> {
                 keys.fence.clone(),
                 suffixed(&keys.lock, b":since"),
             ],
-            Vec::new(),
+            vec![Value::Integer(SINCE_HORIZON_MS)],
         );
         let context = || format!("could not inspect the lock on {}", keys.display);
         let reply = self

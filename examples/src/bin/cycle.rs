@@ -1,0 +1,137 @@
+//! Profiling aid: the uncontended lock cycle alone, next to the same two round trips made with
+//! fred directly, so `perf record -g` sees nothing else.
+//!
+//! ```text
+//! cargo run -p sage-lock-examples --release --bin cycle -- [--valkey] [--seconds N] [--tasks N] [--subject sage|fred]
+//! ```
+//!
+//! Prints cycles/s and this process's CPU time per cycle for each subject.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fred::clients::Client;
+use fred::interfaces::LuaInterface as _;
+use sage_lock::{LockClient, LockOptions};
+use sage_lock_examples::{ThrowawayServer, flag_value};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let seconds: u64 = flag_value("--seconds")?.unwrap_or(5);
+    let tasks: usize = flag_value("--tasks")?.unwrap_or(64);
+    let subject: Option<String> = flag_value("--subject")?;
+    let server = ThrowawayServer::start()?;
+    let client = LockClient::connect(server.url()).await?;
+    let window = Duration::from_secs(seconds);
+    for name in ["fred", "fred5", "sage"] {
+        if subject.as_deref().is_some_and(|s| s != name) {
+            continue;
+        }
+        let cpu_before = process_cpu();
+        let started = Instant::now();
+        let cycles = match name {
+            "fred" => fred_cycles(client.fred(), tasks, window, false).await?,
+            "fred5" => fred_cycles(client.fred(), tasks, window, true).await?,
+            _ => sage_cycles(&client, tasks, window).await?,
+        };
+        let elapsed = started.elapsed().as_secs_f64();
+        let cpu = process_cpu() - cpu_before;
+        println!(
+            "{name}: {:.0} cycles/s, client CPU {:.2} us/cycle ({tasks} tasks, {seconds} s)",
+            cycles as f64 / elapsed,
+            cpu * 1e6 / cycles as f64
+        );
+    }
+    client.quit().await;
+    Ok(())
+}
+
+/// Two `EVALSHA` round trips per cycle (a one-call script each): fred's own cost for a cycle.
+async fn fred_cycles(
+    fred: &Client,
+    tasks: usize,
+    window: Duration,
+    wide: bool,
+) -> anyhow::Result<u64> {
+    let set: String = fred
+        .script_load("return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 10000)")
+        .await?;
+    let del: String = fred
+        .script_load("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0")
+        .await?;
+    let (set, del) = (Arc::new(set), Arc::new(del));
+    let count = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + window;
+    let mut handles = Vec::new();
+    for task in 0..tasks {
+        let (fred, set, del, count) = (fred.clone(), set.clone(), del.clone(), count.clone());
+        handles.push(tokio::spawn(async move {
+            let key = format!("{{cycle:fred:{task}}}");
+            let keys: Vec<String> = if wide {
+                ["", ":fence", ":queue", ":waiters", ":since"]
+                    .iter()
+                    .map(|s| format!("{key}{s}"))
+                    .collect()
+            } else {
+                vec![key.clone()]
+            };
+            let args: Vec<&str> = if wide {
+                vec!["0123456789abcdef0123456789abcdef", "10000", "2000"]
+            } else {
+                vec!["t"]
+            };
+            while Instant::now() < deadline {
+                let _: fred::types::Value = fred.evalsha(&*set, keys.clone(), args.clone()).await?;
+                let _: fred::types::Value = fred.evalsha(&*del, keys.clone(), args.clone()).await?;
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for handle in handles {
+        handle.await??;
+    }
+    Ok(count.load(Ordering::Relaxed))
+}
+
+async fn sage_cycles(client: &LockClient, tasks: usize, window: Duration) -> anyhow::Result<u64> {
+    let locks = client.lock_with::<str>(LockOptions::new().lease(Duration::from_secs(10)))?;
+    let count = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + window;
+    let mut handles = Vec::new();
+    for task in 0..tasks {
+        let (locks, count) = (locks.clone(), count.clone());
+        handles.push(tokio::spawn(async move {
+            let key = format!("cycle:sage:{task}");
+            while Instant::now() < deadline {
+                locks
+                    .with_lock(key.as_str(), Duration::from_secs(10), async {})
+                    .await?;
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for handle in handles {
+        handle.await??;
+    }
+    Ok(count.load(Ordering::Relaxed))
+}
+
+/// This process's CPU time (user + system), in seconds.
+fn process_cpu() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
