@@ -256,12 +256,13 @@ impl Connection {
             Err(PoolError::Exhausted) => return Err(OpError::PoolExhausted),
             Err(PoolError::Connect(error)) => return Err(OpError::Failed(error)),
         };
-        // WAIT may use two thirds of what is left of the deadline, leaving a third (5 to 250 ms)
-        // for its reply: the server ends a WAIT up to ~100 ms late (its timer runs at `hz`), and
-        // a renewal must report before the usable lease ends. And WAIT takes at most half the
-        // command timeout, so one for a replica that left ends well before fred's.
+        // WAIT may use half of what is left of the deadline, leaving the other half (5 to 250 ms)
+        // for its reply: an idle server ends a WAIT up to 1000/`hz` ms late (100 ms at the
+        // default `hz 10`, more on a busy machine), and a renewal must report its outcome before
+        // the lease's safety net fires. And WAIT takes at most half the command timeout, so one
+        // for a replica that left ends well before fred's.
         let left = crate::retry::remaining(deadline);
-        let slack = (left / 3).clamp(Duration::from_millis(5), Duration::from_millis(250));
+        let slack = (left / 2).clamp(Duration::from_millis(5), Duration::from_millis(250));
         let wait_until = deadline
             .checked_sub(slack)
             .unwrap_or(deadline)
