@@ -91,6 +91,7 @@
 //   engine:      renewal, engine (acquire → hold → release, generic over a primitive's Rules)
 //   primitives:  primitives::* (each states its scripts and rules)
 //   façade:      client (LockClient), global, macro_support, macro_profile
+mod acl;
 mod builder;
 mod client;
 mod connection;

@@ -22,6 +22,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::acl::denial_hint;
 use crate::connection::{Ack, Connection, OpError};
 use crate::error::LossReason;
 use crate::lease::{Lease, drift};
@@ -541,7 +542,10 @@ impl Batch {
                     .collect()
             }
             Err(OpError::Failed(error)) => {
-                let problem = LossReason::RenewalFailed(error.to_string());
+                let problem = LossReason::RenewalFailed(match denial_hint(&error, None) {
+                    Some(hint) => format!("{error} ({hint})"),
+                    None => error.to_string(),
+                });
                 let permanent = classify(&error) == Failure::Permanent;
                 self.ids
                     .iter()

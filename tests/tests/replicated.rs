@@ -247,7 +247,7 @@ async fn missing_acl_permissions_are_named() {
                 text.contains("NOPERM") && text.to_lowercase().contains(command),
                 "{text}"
             );
-            assert!(text.contains("grant them"), "{text}");
+            assert!(text.contains(&format!("grant +{command}")), "{text}");
             if user == "nowait" {
                 let relaxed: Locks<str> = client
                     .lock_with(

