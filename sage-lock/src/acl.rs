@@ -3,15 +3,23 @@
 use fred::error::Error;
 
 use crate::key::scan_pattern;
+use crate::scripts::source_line;
 
 /// Where the README lists every permission sage-lock needs.
 const RULE: &str = "the README's \"Security: TLS and ACL\" section has the whole ACL rule";
 
-/// A hint for `error` when it is an ACL denial (also one raised inside a script), naming the
-/// grant that fixes it; `namespace` makes the key and channel patterns concrete.
+/// A hint for `error` when it is an ACL denial (`NOPERM`, or a denied command inside a
+/// script), naming the grant that fixes it; `namespace` makes the key and channel patterns
+/// concrete.
 pub(crate) fn denial_hint(error: &Error, namespace: Option<&str>) -> Option<String> {
     let details = error.details();
-    if !details.contains("NOPERM") {
+    let lower = details.to_ascii_lowercase();
+    // A denial inside a script has no NOPERM: Redis answers "ERR The user executing the script
+    // can't run this command or subcommand script: SHA, on @user_script:LINE.", Valkey "ERR ACL
+    // failure in script: User U has no permissions to run the 'incr' command script: ...".
+    let in_script = lower.contains("the user executing the script can't")
+        || lower.contains("acl failure in script");
+    if !details.contains("NOPERM") && !in_script {
         return None;
     }
     // "{ns:*}" with the namespace escaped as lock keys escape it.
@@ -20,10 +28,11 @@ pub(crate) fn denial_hint(error: &Error, namespace: Option<&str>) -> Option<Stri
         |namespace| String::from_utf8_lossy(&scan_pattern(namespace)).into_owned(),
     );
     let keys = pattern.strip_suffix('}').unwrap_or(&pattern);
-    let lower = details.to_ascii_lowercase();
-    let hint = if let Some(command) = denied_command(&lower) {
+    let command = denied_command(&lower).or_else(|| script_command(details));
+    let hint = if let Some(command) = command {
         format!(
-            "the server's ACL denies the '{command}' command: grant +{command} to this user; {RULE}"
+            "the server's ACL denies the '{command}' command: grant +{command} to this user; \
+             {RULE}"
         )
     } else if lower.contains("channel") {
         format!(
@@ -43,6 +52,26 @@ fn denied_command(lower: &str) -> Option<String> {
     let end = lower.find("' command")?;
     let start = lower[..end].rfind('\'')? + 1;
     Some(lower[start..end].to_owned())
+}
+
+/// The command a script calls on the line a "can't run this command" error names
+/// ("script: SHA, on @user_script:LINE").
+fn script_command(details: &str) -> Option<String> {
+    if !details.contains("can't run this command") {
+        return None;
+    }
+    let after = |marker: &str| details.find(marker).map(|at| &details[at + marker.len()..]);
+    let sha: String = after("script: ")?
+        .chars()
+        .take_while(char::is_ascii_hexdigit)
+        .collect();
+    let line: String = after("@user_script:")?
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    let source = source_line(&sha, line.parse().ok()?)?;
+    let call = &source[source.find("call('")? + "call('".len()..];
+    Some(call[..call.find('\'')?].to_ascii_lowercase())
 }
 
 #[cfg(test)]
@@ -76,5 +105,18 @@ mod tests {
         .unwrap_or_default();
         assert!(channel.contains("&{NAMESPACE:*}:released"), "{channel}");
         assert_eq!(hint("WRONGTYPE Operation", Some("app")), None);
+        let script =
+            crate::scripts::Script::new("local a = 1\nreturn redis.call('PEXPIRETIME', KEYS[1])");
+        let sha = fred::util::sha1_hash("local a = 1\nreturn redis.call('PEXPIRETIME', KEYS[1])");
+        let inner = hint(
+            &format!(
+                "ERR The user executing the script can't run this command or subcommand \
+                 script: {sha}, on @user_script:2."
+            ),
+            None,
+        )
+        .unwrap_or_default();
+        assert!(inner.contains("grant +pexpiretime"), "{inner}");
+        drop(script);
     }
 }

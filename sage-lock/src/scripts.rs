@@ -6,6 +6,9 @@
 //! `SCRIPT FLUSH`). Commands are built with [`fred::types::CustomCommand`] routed by
 //! [`ClusterHash::Custom`] because fred's `LuaInterface` ignores per-command options.
 
+use std::collections::BTreeMap;
+use std::sync::{Mutex, PoisonError};
+
 use fred::bytes::Bytes;
 use fred::error::{Error, ErrorKind};
 use fred::types::{ClusterHash, CustomCommand, Value};
@@ -22,9 +25,14 @@ pub(crate) struct Script {
 impl Script {
     /// A script from its source; its SHA-1 is computed here, once.
     pub(crate) fn new(source: &'static str) -> Self {
+        let sha = fred::util::sha1_hash(source);
+        SOURCES
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(sha.clone(), source);
         Script {
             source: Value::from(source),
-            sha: Value::from(fred::util::sha1_hash(source)),
+            sha: Value::from(sha),
         }
     }
 
@@ -43,6 +51,16 @@ impl Script {
     pub(crate) fn on_lock(&self, keys: &LockKeys, args: Vec<Value>) -> ScriptCall<'_> {
         self.call(keys.slot, vec![keys.lock.clone(), keys.fence.clone()], args)
     }
+}
+
+/// The source of every [`Script`] made in this process, by SHA-1: a server error names the
+/// script by SHA and line only (e.g. an ACL denial inside it).
+static SOURCES: Mutex<BTreeMap<String, &'static str>> = Mutex::new(BTreeMap::new());
+
+/// Line `line` (1-based) of the script whose SHA-1 is `sha`, if this process made it.
+pub(crate) fn source_line(sha: &str, line: usize) -> Option<&'static str> {
+    let sources = SOURCES.lock().unwrap_or_else(PoisonError::into_inner);
+    sources.get(sha)?.lines().nth(line.checked_sub(1)?)
 }
 
 /// One script invocation: which script, its keys (one hash slot) and arguments.

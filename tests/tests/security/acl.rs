@@ -10,7 +10,7 @@ use sage_lock::{LockClient, LockError, LockOptions, Locks, LossReason};
 /// The commands the README's ACL rule grants, verbatim (the README is checked to contain the
 /// whole rule, see [`readme_documents_the_tested_rule`]).
 pub const ACL_COMMANDS: &str = "-@all +evalsha +eval +get +set +del +exists +incr +pexpire \
-+pttl +time +type +lindex +lpop +lrem +rpush +zadd +zcard +zrange +zrem +zremrangebyscore \
++pttl +pexpiretime +time +type +lindex +lpop +lrem +rpush +zadd +zcard +zrange +zrem +zremrangebyscore \
 +zscore +spublish +ssubscribe +sunsubscribe +ping +client|id +info +role +wait +client|unblock +reset \
 +scan";
 
@@ -273,6 +273,12 @@ async fn acl_missing_script_commands_are_named() {
                 && text.contains("grant +evalsha"),
             "{kind}: {text}"
         );
+        // A command the acquire script calls: the server names only the script's line.
+        let text = with_lock_error(server, false, without(&["+incr"])).await;
+        assert!(
+            text.contains("script") && text.contains("grant +incr"),
+            "{kind}: {text}"
+        );
     }
 }
 
@@ -365,6 +371,31 @@ async fn acl_operator_tools_name_the_missing_permission() {
             matches!(error, LockError::Backend { .. })
                 && text.contains("NOPERM")
                 && text.to_lowercase().contains("'scan' command"),
+            "{kind}: {text}"
+        );
+        // The inspect script's PEXPIRETIME (Redis names only the script's line), on a held lock.
+        let by_hand = client
+            .lock_with::<String>(user.options(Duration::from_secs(5)))
+            .expect("options");
+        let (release, holder) = harness::hold_by_hand(&by_hand, "held").await;
+        set_user(
+            server,
+            &format!("ACL SETUSER {} -pexpiretime", user.name),
+            |r| r,
+        );
+        let denied = locks.holder("held").await;
+        set_user(
+            server,
+            &format!("ACL SETUSER {} +pexpiretime", user.name),
+            |r| r,
+        );
+        let _ = release.send(());
+        holder.await.expect("holder released");
+        let error = denied.expect_err("PEXPIRETIME is denied");
+        let text = error.to_string();
+        eprintln!("denied as expected: {text}");
+        assert!(
+            matches!(error, LockError::Backend { .. }) && text.contains("grant +pexpiretime"),
             "{kind}: {text}"
         );
         // No key access: inspection and forced release name the keys.
