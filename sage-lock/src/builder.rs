@@ -9,7 +9,7 @@ use fred::clients::Client;
 use fred::error::Error;
 use fred::interfaces::ClientLike;
 use fred::types::Builder;
-use fred::types::config::{Config, ReconnectPolicy, TlsConfig};
+use fred::types::config::{Config, ReconnectPolicy};
 
 use crate::client::LockClient;
 use crate::error::LockError;
@@ -116,8 +116,8 @@ pub struct LockClientBuilder {
     command_timeout: Duration,
     connect_timeout: Duration,
     reconnect: ReconnectPolicy,
-    /// The CA certificates set by `tls_ca_pem` / `tls_ca_file` (or why they are unusable).
-    tls: Option<Result<TlsConfig, LockError>>,
+    /// CA certificates and client certificate from `tls_ca_*` / `tls_client_cert_*`.
+    tls: tls::TlsSettings,
     /// The redacted URL when `url` named a plaintext scheme (TLS settings then contradict it).
     plaintext_url: Option<String>,
 }
@@ -143,7 +143,7 @@ impl fmt::Debug for LockClientBuilder {
             .field("max_connections", &self.max_connections)
             .field("command_timeout", &self.command_timeout)
             .field("connect_timeout", &self.connect_timeout)
-            .field("tls_ca", &self.tls.as_ref().map(|tls| tls.is_ok()))
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -157,7 +157,7 @@ impl Default for LockClientBuilder {
             command_timeout: Duration::from_secs(5),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             reconnect: ReconnectPolicy::new_exponential(0, 20, 1_000, 2),
-            tls: None,
+            tls: tls::TlsSettings::default(),
             plaintext_url: None,
         }
     }
@@ -203,10 +203,8 @@ impl LockClientBuilder {
     /// (argument `tls_ca`); so does a plaintext `redis://` URL.
     #[must_use]
     pub fn tls_ca_pem(mut self, pem: impl AsRef<[u8]>) -> Self {
-        self.tls = Some(tls::trusting_pem(
-            pem.as_ref(),
-            "the PEM given to tls_ca_pem",
-        ));
+        self.tls
+            .set_ca_pem(pem.as_ref(), "the PEM given to tls_ca_pem");
         self
     }
 
@@ -224,7 +222,62 @@ impl LockClientBuilder {
     /// ```
     #[must_use]
     pub fn tls_ca_file(mut self, path: impl AsRef<Path>) -> Self {
-        self.tls = Some(tls::trusting_file(path.as_ref()));
+        self.tls.set_ca_file(path.as_ref());
+        self
+    }
+
+    /// Presents a client certificate (for servers with `tls-auth-clients yes`, Redis' default
+    /// once TLS is on): `cert_pem` is the certificate chain (leaf first), `key_pem` its private
+    /// key (PKCS#8, SEC1 or PKCS#1 PEM). Needs a TLS URL like
+    /// [`tls_ca_pem`](LockClientBuilder::tls_ca_pem); the server is verified against the CAs
+    /// given there, else the system's. The key never appears in any output.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), sage_lock::LockError> {
+    /// let cert = std::fs::read("/etc/app/redis-client.crt").unwrap_or_default();
+    /// let key = std::fs::read("/etc/app/redis-client.key").unwrap_or_default();
+    /// let client = sage_lock::LockClient::builder()
+    ///     .url("rediss://10.0.0.5:6380")
+    ///     .tls_ca_file("/etc/redis/ca.crt")
+    ///     .tls_client_cert_pem(cert, key)
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Unusable input (no certificate, no or a mismatched private key) makes
+    /// [`connect`](LockClientBuilder::connect) fail with [`LockError::InvalidArgument`]
+    /// (argument `tls_client_cert`).
+    #[must_use]
+    pub fn tls_client_cert_pem(
+        mut self,
+        cert_pem: impl AsRef<[u8]>,
+        key_pem: impl AsRef<[u8]>,
+    ) -> Self {
+        self.tls.set_client_pem(
+            cert_pem.as_ref(),
+            key_pem.as_ref(),
+            "the PEM given to tls_client_cert_pem",
+        );
+        self
+    }
+
+    /// [`tls_client_cert_pem`](LockClientBuilder::tls_client_cert_pem) with the certificate
+    /// chain and the private key read from the files at `cert` and `key`.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), sage_lock::LockError> {
+    /// let client = sage_lock::LockClient::builder()
+    ///     .url("rediss://10.0.0.5:6380")
+    ///     .tls_ca_file("/etc/redis/ca.crt")
+    ///     .tls_client_cert_file("/etc/app/redis-client.crt", "/etc/app/redis-client.key")
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn tls_client_cert_file(mut self, cert: impl AsRef<Path>, key: impl AsRef<Path>) -> Self {
+        self.tls.set_client_files(cert.as_ref(), key.as_ref());
         self
     }
 
@@ -281,17 +334,18 @@ impl LockClientBuilder {
     /// server cannot be reached in time.
     pub async fn connect(mut self) -> Result<LockClient, LockError> {
         let mut config = std::mem::replace(&mut self.config, Ok(Config::default()))?;
-        if let Some(tls) = self.tls.take() {
-            if let Some(url) = &self.plaintext_url {
-                return Err(LockError::invalid(
-                    "tls_ca",
-                    format!(
-                        "a TLS CA was given but {url} is a plaintext URL; use rediss:// (or \
-                         rediss-sentinel://, rediss-cluster://) to connect with TLS"
-                    ),
-                ));
-            }
-            config.tls = Some(tls?);
+        let tls = std::mem::take(&mut self.tls);
+        if let (true, Some(url)) = (tls.is_set(), &self.plaintext_url) {
+            return Err(LockError::invalid(
+                "tls_ca",
+                format!(
+                    "TLS settings were given but {url} is a plaintext URL; use rediss:// (or \
+                     rediss-sentinel://, rediss-cluster://) to connect with TLS"
+                ),
+            ));
+        }
+        if let Some(tls) = tls.build()? {
+            config.tls = Some(tls);
         }
         if self.max_connections == 0 {
             return Err(LockError::invalid(

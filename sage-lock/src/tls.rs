@@ -1,12 +1,14 @@
 //! TLS: servers verified against CA certificates the caller supplies (rustls with the `ring`
 //! provider), and connect failures that say what went wrong with the handshake.
 
+use std::fmt;
+use std::path::Path;
 use std::sync::Arc;
 
 use fred::error::Error;
 use fred::types::config::{TlsConfig, TlsConnector};
-use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore};
 
 use crate::error::LockError;
@@ -27,10 +29,114 @@ pub(crate) fn install_crypto_provider() {
     }
 }
 
-/// A TLS configuration that trusts exactly the CA certificates in `pem` (one or more
-/// `-----BEGIN CERTIFICATE-----` blocks; other blocks are ignored). `source` names the input in
-/// errors.
-pub(crate) fn trusting_pem(pem: &[u8], source: &str) -> Result<TlsConfig, LockError> {
+/// The TLS settings a builder collects: the CAs to trust (else the system's) and a client
+/// certificate; each is checked when set, its error reported at connect.
+#[derive(Default)]
+pub(crate) struct TlsSettings {
+    roots: Option<Result<RootCertStore, LockError>>,
+    identity: Option<Result<Identity, LockError>>,
+}
+
+/// A client certificate chain and its private key.
+struct Identity {
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+}
+
+/// Which settings are present, never their contents (the private key stays out of output).
+impl fmt::Debug for TlsSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsSettings")
+            .field("ca", &self.roots.as_ref().map(|roots| roots.is_ok()))
+            .field(
+                "client_cert",
+                &self.identity.as_ref().map(|identity| identity.is_ok()),
+            )
+            .finish()
+    }
+}
+
+impl TlsSettings {
+    /// Whether any TLS setting was given.
+    pub(crate) fn is_set(&self) -> bool {
+        self.roots.is_some() || self.identity.is_some()
+    }
+
+    /// Trust exactly the CA certificates in `pem`; `source` names it in errors.
+    pub(crate) fn set_ca_pem(&mut self, pem: &[u8], source: &str) {
+        self.roots = Some(roots_from_pem(pem, source));
+    }
+
+    /// [`TlsSettings::set_ca_pem`] with the file at `path`.
+    pub(crate) fn set_ca_file(&mut self, path: &Path) {
+        self.roots = Some(
+            read(path, "tls_ca", "CA certificate")
+                .and_then(|pem| roots_from_pem(&pem, &path.display().to_string())),
+        );
+    }
+
+    /// Present the certificate chain `cert_pem` with the private key `key_pem`.
+    pub(crate) fn set_client_pem(&mut self, cert_pem: &[u8], key_pem: &[u8], source: &str) {
+        self.identity = Some(identity_from_pem(cert_pem, key_pem, source));
+    }
+
+    /// [`TlsSettings::set_client_pem`] with the files at `cert` and `key`.
+    pub(crate) fn set_client_files(&mut self, cert: &Path, key: &Path) {
+        let identity = read(cert, "tls_client_cert", "client certificate").and_then(|cert_pem| {
+            let key_pem = read(key, "tls_client_cert", "client private key")?;
+            identity_from_pem(
+                &cert_pem,
+                &key_pem,
+                &format!("{} / {}", cert.display(), key.display()),
+            )
+        });
+        self.identity = Some(identity);
+    }
+
+    /// The fred TLS configuration, `None` when nothing was set.
+    pub(crate) fn build(self) -> Result<Option<TlsConfig>, LockError> {
+        if !self.is_set() {
+            return Ok(None);
+        }
+        let roots = match self.roots {
+            Some(roots) => roots?,
+            None => system_roots()?,
+        };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| {
+                LockError::invalid("tls_ca", format!("no TLS protocol version available: {e}"))
+            })?
+            .with_root_certificates(roots);
+        let config = match self.identity {
+            None => builder.with_no_client_auth(),
+            Some(identity) => {
+                let Identity { chain, key } = identity?;
+                builder.with_client_auth_cert(chain, key).map_err(|e| {
+                    LockError::invalid(
+                        "tls_client_cert",
+                        format!("the client certificate and key cannot be used together ({e})"),
+                    )
+                })?
+            }
+        };
+        Ok(Some(TlsConnector::from(config).into()))
+    }
+}
+
+fn read(path: &Path, argument: &'static str, what: &str) -> Result<Vec<u8>, LockError> {
+    std::fs::read(path).map_err(|e| {
+        LockError::invalid(
+            argument,
+            format!("cannot read the {what} file {}: {e}", path.display()),
+        )
+    })
+}
+
+/// The CA certificates in `pem` (one or more `-----BEGIN CERTIFICATE-----` blocks; other
+/// blocks are ignored).
+fn roots_from_pem(pem: &[u8], source: &str) -> Result<RootCertStore, LockError> {
     let invalid = |message: String| LockError::invalid("tls_ca", message);
     let mut roots = RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(pem) {
@@ -52,32 +158,66 @@ pub(crate) fn trusting_pem(pem: &[u8], source: &str) -> Result<TlsConfig, LockEr
              signed the server's certificate, in PEM format"
         )));
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| invalid(format!("no TLS protocol version available: {e}")))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(TlsConnector::from(config).into())
+    Ok(roots)
 }
 
-/// [`trusting_pem`] on the contents of the file at `path`.
-pub(crate) fn trusting_file(path: &std::path::Path) -> Result<TlsConfig, LockError> {
-    let source = path.display().to_string();
-    let pem = std::fs::read(path).map_err(|e| {
-        LockError::invalid(
-            "tls_ca",
-            format!("cannot read the CA certificate file {source}: {e}"),
-        )
+fn identity_from_pem(cert_pem: &[u8], key_pem: &[u8], source: &str) -> Result<Identity, LockError> {
+    let invalid = |message: String| LockError::invalid("tls_client_cert", message);
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| {
+            invalid(format!(
+                "the client certificate of {source} is not valid PEM ({e})"
+            ))
+        })?;
+    if chain.is_empty() {
+        return Err(invalid(format!(
+            "the client certificate of {source} holds no -----BEGIN CERTIFICATE----- block"
+        )));
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| {
+        invalid(format!(
+            "the private key of {source} is not a PEM private key ({e}); expected a \
+             -----BEGIN PRIVATE KEY----- (or EC / RSA PRIVATE KEY) block"
+        ))
     })?;
-    trusting_pem(&pem, &source)
+    Ok(Identity { chain, key })
+}
+
+/// The system's CA certificates (for a client certificate without `tls_ca_*`).
+fn system_roots() -> Result<RootCertStore, LockError> {
+    let found = rustls_native_certs::load_native_certs();
+    let mut roots = RootCertStore::empty();
+    roots.add_parsable_certificates(found.certs);
+    if roots.is_empty() {
+        return Err(LockError::invalid(
+            "tls_ca",
+            format!(
+                "no system CA certificates could be loaded ({:?}); pass the CA that signed the \
+                 server's certificate with tls_ca_file or tls_ca_pem",
+                found.errors.first()
+            ),
+        ));
+    }
+    Ok(roots)
 }
 
 /// What to tell the user about a failed first connection, given whether it used TLS.
 pub(crate) fn connect_hint(error: &Error, tls: bool) -> &'static str {
     let details = error.details();
     let mentions = |words: &[&str]| words.iter().any(|word| details.contains(word));
-    if mentions(&["NotValidForName", "NotValidForNameContext"]) {
+    if mentions(&["CertificateRequired"]) {
+        "the server requires a client certificate (tls-auth-clients yes): pass one its CA \
+         signed with LockClientBuilder::tls_client_cert_file or tls_client_cert_pem"
+    } else if mentions(&[
+        "AlertReceived(UnknownCA)",
+        "AlertReceived(BadCertificate)",
+        "AlertReceived(CertificateUnknown)",
+        "AlertReceived(DecryptError)",
+    ]) {
+        "the server rejected the client certificate: it must be signed by a CA in the \
+         server's tls-ca-cert-file (see tls_client_cert_file)"
+    } else if mentions(&["NotValidForName", "NotValidForNameContext"]) {
         "TLS certificate verification failed: the server's certificate does not name the host \
          in the URL; connect by a host name or IP address listed in the certificate's subject \
          alternative names"
@@ -105,6 +245,13 @@ pub(crate) fn connect_hint(error: &Error, tls: bool) -> &'static str {
 mod tests {
     use super::*;
 
+    fn built(settings: TlsSettings) -> LockError {
+        match settings.build() {
+            Ok(_) => panic!("accepted bad TLS input"),
+            Err(error) => error,
+        }
+    }
+
     #[test]
     fn bad_ca_input_is_an_invalid_argument() {
         for (pem, expected) in [
@@ -118,24 +265,40 @@ mod tests {
                 "not valid PEM",
             ),
         ] {
-            let Err(error) = trusting_pem(pem, "ca.pem") else {
-                panic!("accepted {pem:?}")
-            };
+            let mut settings = TlsSettings::default();
+            settings.set_ca_pem(pem, "ca.pem");
+            let error = built(settings);
             let text = error.to_string();
             assert!(
-                matches!(error, LockError::InvalidArgument { .. }) && text.contains(expected),
+                matches!(
+                    error,
+                    LockError::InvalidArgument {
+                        argument: "tls_ca",
+                        ..
+                    }
+                ) && text.contains(expected)
+                    && text.contains("ca.pem"),
                 "{text}"
             );
-            assert!(text.contains("ca.pem"), "{text}");
         }
-        let Err(missing) = trusting_file(std::path::Path::new("/nonexistent/ca.pem")) else {
-            panic!("read a missing file")
-        };
+        let mut settings = TlsSettings::default();
+        settings.set_ca_file(Path::new("/nonexistent/ca.pem"));
+        let text = built(settings).to_string();
         assert!(
-            missing
-                .to_string()
-                .contains("cannot read the CA certificate file /nonexistent/ca.pem"),
-            "{missing}"
+            text.contains("cannot read the CA certificate file /nonexistent/ca.pem"),
+            "{text}"
+        );
+        let mut settings = TlsSettings::default();
+        settings.set_client_pem(b"no cert", b"no key", "test");
+        let text = built(settings).to_string();
+        assert!(
+            text.contains("tls_client_cert") && text.contains("no -----BEGIN"),
+            "{text}"
+        );
+        assert!(
+            TlsSettings::default()
+                .build()
+                .is_ok_and(|tls| tls.is_none())
         );
     }
 

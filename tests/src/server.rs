@@ -162,6 +162,8 @@ pub struct ServerConfig {
     /// TLS only: `--port 0 --tls-port P` with certificates generated in the temp dir (see
     /// [`ServerConfig::tls`]).
     pub tls: bool,
+    /// With [`ServerConfig::tls`]: clients must present a certificate (`tls-auth-clients yes`).
+    pub tls_auth_clients: bool,
 }
 
 impl ServerConfig {
@@ -173,6 +175,7 @@ impl ServerConfig {
             sentinel: false,
             cluster_bus: false,
             tls: false,
+            tls_auth_clients: false,
         }
     }
 
@@ -197,6 +200,14 @@ impl ServerConfig {
     /// ([`Server::cmd`]) do not work on it: readiness is read from the log.
     pub fn tls(mut self) -> ServerConfig {
         self.tls = true;
+        self
+    }
+
+    /// [`ServerConfig::tls`] with `tls-auth-clients yes`: clients present
+    /// [`crate::tls::ServerCerts::client_cert`].
+    pub fn tls_mutual(mut self) -> ServerConfig {
+        self.tls = true;
+        self.tls_auth_clients = true;
         self
     }
 
@@ -272,7 +283,8 @@ impl Server {
         let tls = config.tls.then(|| ServerCerts::generate(&dir));
         let conf_path = dir.join(conf_file_name(&config));
         let mut conf = base_conf(&config, &dir);
-        for line in tls.iter().flat_map(ServerCerts::conf_lines) {
+        let auth_clients = config.tls_auth_clients;
+        for line in tls.iter().flat_map(|certs| certs.conf_lines(auth_clients)) {
             conf.push_str(&line);
             conf.push('\n');
         }

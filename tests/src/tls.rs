@@ -106,30 +106,44 @@ impl Authority {
     }
 }
 
-/// What a TLS server needs: its CA and a certificate for [`SERVER_SAN`].
+/// What a TLS server needs: its CA and a certificate for [`SERVER_SAN`]; plus a client
+/// certificate the same CA signed, for servers with `tls-auth-clients yes`.
 #[derive(Clone, Debug)]
 pub struct ServerCerts {
     pub ca: Authority,
     pub cert: PathBuf,
     pub key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
 }
 
 impl ServerCerts {
-    /// A CA (`ca.crt`) and a server certificate for [`SERVER_SAN`] (`server.crt`, `server.key`)
-    /// in `dir`.
+    /// A CA (`ca.crt`), a server certificate for [`SERVER_SAN`] (`server.crt`, `server.key`)
+    /// and a client certificate (`client.crt`, `client.key`) in `dir`.
     pub fn generate(dir: &Path) -> ServerCerts {
         let ca = Authority::generate(dir, "ca");
         let (cert, key) = ca.issue(dir, "server", SERVER_SAN);
-        ServerCerts { ca, cert, key }
+        let (client_cert, client_key) = ca.issue(dir, "client", "DNS:sage-lock-test-client");
+        ServerCerts {
+            ca,
+            cert,
+            key,
+            client_cert,
+            client_key,
+        }
     }
 
-    /// Config lines for a TLS-only server (`tls-auth-clients no`: clients need no certificate).
-    pub fn conf_lines(&self) -> Vec<String> {
+    /// Config lines for a TLS-only server; with `auth_clients`, clients must present a
+    /// certificate the CA signed (`tls-auth-clients yes`), else none is asked for.
+    pub fn conf_lines(&self, auth_clients: bool) -> Vec<String> {
         vec![
             format!("tls-cert-file {}", self.cert.display()),
             format!("tls-key-file {}", self.key.display()),
             format!("tls-ca-cert-file {}", self.ca.cert.display()),
-            "tls-auth-clients no".to_owned(),
+            format!(
+                "tls-auth-clients {}",
+                if auth_clients { "yes" } else { "no" }
+            ),
         ]
     }
 }

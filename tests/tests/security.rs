@@ -268,6 +268,143 @@ async fn tls_ca_input_errors_are_invalid_arguments() {
     }
 }
 
+/// One TLS-only Redis that requires client certificates (`tls-auth-clients yes`).
+fn mutual_tls_server() -> &'static Server {
+    static SERVER: OnceLock<Server> = OnceLock::new();
+    SERVER.get_or_init(|| Server::launch(ServerConfig::new(ServerKind::Redis).tls_mutual()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_client_certificate_is_presented() {
+    let server = mutual_tls_server();
+    let certs = server.tls_certs().expect("certificates");
+    let client = LockClient::builder()
+        .url(&server.tls_url())
+        .tls_ca_file(&certs.ca.cert)
+        .tls_client_cert_file(&certs.client_cert, &certs.client_key)
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("mutual TLS connect: {e}"));
+    let locks = family(&client, "mtls", Duration::from_millis(200));
+    let out = locks
+        .with_lock("a", Duration::from_secs(2), async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            locks.try_with_lock("a", async {}).await.expect("busy try")
+        })
+        .await
+        .expect("with_lock with a client certificate");
+    assert_eq!(out, None, "held while renewed");
+    let loan = client
+        .dedicated_connection(Duration::from_secs(2))
+        .await
+        .expect("dedicated connection with a client certificate");
+    let pong: String = loan.ping(None).await.expect("PING");
+    assert_eq!(pong, "PONG");
+    drop(loan);
+    // The same from PEM bytes.
+    let pem = |path: &std::path::Path| std::fs::read(path).expect("read PEM");
+    let again = LockClient::builder()
+        .url(&server.tls_url())
+        .tls_ca_pem(pem(&certs.ca.cert))
+        .tls_client_cert_pem(pem(&certs.client_cert), pem(&certs.client_key))
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("mutual TLS connect from PEM: {e}"));
+    again.quit().await;
+    client.quit().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_missing_client_certificate_is_a_clear_backend_error() {
+    let server = mutual_tls_server();
+    let certs = server.tls_certs().expect("certificates");
+    let builder = LockClient::builder()
+        .url(&server.tls_url())
+        .tls_ca_file(&certs.ca.cert);
+    let (error, took) = connect_fails(builder).await;
+    let text = error.to_string();
+    assert!(matches!(error, LockError::Backend { .. }), "{error:?}");
+    assert!(
+        text.contains("requires a client certificate") && text.contains("tls_client_cert_file"),
+        "{text}"
+    );
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+
+    // A client certificate signed by a CA the server does not trust.
+    let (cert, key) = unrelated_ca().issue(server.dir(), "stranger", "DNS:stranger");
+    let builder = LockClient::builder()
+        .url(&server.tls_url())
+        .tls_ca_file(&certs.ca.cert)
+        .tls_client_cert_file(cert, key);
+    let (error, took) = connect_fails(builder).await;
+    let text = error.to_string();
+    assert!(matches!(error, LockError::Backend { .. }), "{error:?}");
+    assert!(
+        text.contains("rejected the client certificate") && text.contains("tls-ca-cert-file"),
+        "{text}"
+    );
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_client_certificate_input_errors_are_invalid_arguments() {
+    let server = mutual_tls_server();
+    let certs = server.tls_certs().expect("certificates");
+    let cases = [
+        (
+            LockClient::builder()
+                .url(&server.tls_url())
+                .tls_ca_file(&certs.ca.cert)
+                .tls_client_cert_file(&certs.client_cert, server.dir().join("missing.key")),
+            "cannot read the client private key file",
+        ),
+        (
+            LockClient::builder()
+                .url(&server.tls_url())
+                .tls_ca_file(&certs.ca.cert)
+                .tls_client_cert_file(&certs.client_key, &certs.client_key),
+            "holds no -----BEGIN CERTIFICATE----- block",
+        ),
+        (
+            LockClient::builder()
+                .url(&server.tls_url())
+                .tls_ca_file(&certs.ca.cert)
+                .tls_client_cert_file(&certs.client_cert, &certs.client_cert),
+            "is not a PEM private key",
+        ),
+    ];
+    for (builder, expected) in cases {
+        let (error, _) = connect_fails(builder).await;
+        let text = error.to_string();
+        assert!(
+            matches!(
+                error,
+                LockError::InvalidArgument {
+                    argument: "tls_client_cert",
+                    ..
+                }
+            ) && text.contains(expected),
+            "expected {expected:?}: {text}"
+        );
+    }
+    // A key that does not belong to the certificate.
+    let builder = LockClient::builder()
+        .url(&server.tls_url())
+        .tls_ca_file(&certs.ca.cert)
+        .tls_client_cert_file(&certs.client_cert, &certs.key);
+    let (error, _) = connect_fails(builder).await;
+    assert!(
+        matches!(
+            error,
+            LockError::InvalidArgument {
+                argument: "tls_client_cert",
+                ..
+            }
+        ) && error.to_string().contains("cannot be used together"),
+        "{error:?}"
+    );
+}
+
 /// The Valkey binary `scripts/setup.sh` installs has no TLS: it refuses `--tls-port`. If this
 /// fails, that build gained TLS: run the TLS tests above on Valkey too and update the README.
 #[test]
