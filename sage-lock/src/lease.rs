@@ -1,11 +1,14 @@
 //! [`Lease`]: what the body knows about the lock it runs under, through [`current_lease`].
+//!
+//! Lease arithmetic follows the machine's real monotonic clock ([`std::time::Instant`]), which
+//! runs on like the server's, never tokio's clock, which a test may pause or advance: a body
+//! that blocks past its lease under a paused tokio clock still sees the lease as spent. Only
+//! timers are tokio's ([`timer_at`] converts).
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
-
-use tokio::time::Instant;
+use std::time::{Duration, Instant};
 
 tokio::task_local! {
     static CURRENT_LEASE: Lease;
@@ -124,8 +127,14 @@ impl Lease {
         self.state.margin
     }
 
+    /// When the attempt that acquired the lock was sent (real clock).
     pub(crate) fn acquired_at(&self) -> Instant {
         self.state.acquired_at
+    }
+
+    /// When the usable lease ends, as a tokio timer deadline (see [`timer_at`]).
+    pub(crate) fn deadline(&self) -> tokio::time::Instant {
+        timer_at(self.valid_until())
     }
 
     pub(crate) fn valid_until(&self) -> Instant {
@@ -154,6 +163,12 @@ impl fmt::Debug for Lease {
             .field("remaining", &self.remaining())
             .finish()
     }
+}
+
+/// The tokio timer deadline for the real-clock instant `real`: as far ahead of tokio's now as
+/// `real` is of the real now (tokio's clock may be paused or advanced in tests).
+pub(crate) fn timer_at(real: Instant) -> tokio::time::Instant {
+    tokio::time::Instant::now() + real.saturating_duration_since(Instant::now())
 }
 
 /// The safety margin subtracted from every lease: 1% for clock drift plus 2 ms.

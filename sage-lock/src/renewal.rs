@@ -194,7 +194,7 @@ impl Renewer {
         lost: oneshot::Sender<LossReason>,
     ) -> Registration {
         let renewer = &self.shared;
-        let due = renewal.lease.acquired_at() + renewal.lease_duration / 3;
+        let due = crate::lease::timer_at(renewal.lease.acquired_at() + renewal.lease_duration / 3);
         let backoff = renewal_backoff(renewal.lease_duration);
         let (id, earliest) = {
             let mut state = lock(&renewer.state);
@@ -297,7 +297,8 @@ impl Shared {
     }
 
     /// Applies the outcome of one renewal attempt to entry `id`.
-    fn settle(&self, id: u64, sent: Instant, outcome: Outcome) {
+    /// `sent` is when the attempt was sent, on the real clock (see `crate::lease`).
+    fn settle(&self, id: u64, sent: std::time::Instant, outcome: Outcome) {
         let client = &self.conn;
         let mut state = lock(&self.state);
         let Some(entry) = state.entries.get_mut(&id) else {
@@ -313,7 +314,7 @@ impl Shared {
                     .extend_to(sent + lease_duration - drift(lease_duration));
                 entry.backoff = renewal_backoff(lease_duration);
                 entry.last_problem = None;
-                entry.due = sent + lease_duration / 3;
+                entry.due = crate::lease::timer_at(sent + lease_duration / 3);
                 client.stats.record(&metrics, Event::Renewal);
                 let lease = &entry.renewal.lease;
                 tracing::trace!(key = %lease.key(), namespace = %lease.namespace(), "lease renewed");
@@ -324,13 +325,12 @@ impl Shared {
                 client.stats.record(&metrics, Event::RenewalFailure);
                 let lease = &entry.renewal.lease;
                 tracing::debug!(key = %lease.key(), namespace = %lease.namespace(), %problem, "renewal failed, retrying");
-                let valid_until = entry.renewal.lease.valid_until();
-                let now = Instant::now();
+                let left = entry.renewal.lease.remaining();
                 entry.last_problem = Some(problem);
-                if now >= valid_until {
+                if left.is_zero() {
                     entry.last_problem.take()
                 } else {
-                    entry.due = now + entry.backoff.next_delay(valid_until - now);
+                    entry.due = Instant::now() + entry.backoff.next_delay(left);
                     None
                 }
             }
@@ -450,7 +450,7 @@ impl Batch {
         self.keys.push(renewal.target.key.clone());
         self.tokens.push(Value::from(renewal.target.kind.code()));
         self.tokens.push(Value::Bytes(renewal.token.clone()));
-        let valid_until = renewal.lease.valid_until();
+        let valid_until = renewal.lease.deadline();
         self.deadline = Some(self.deadline.map_or(valid_until, |d| d.min(valid_until)));
     }
 
@@ -479,8 +479,8 @@ impl Batch {
 
     /// One renewal attempt for every lock in the batch.
     async fn renew(self, renewer: &Shared) {
-        let sent = Instant::now();
-        let deadline = self.deadline.unwrap_or(sent);
+        let sent = std::time::Instant::now();
+        let deadline = self.deadline.unwrap_or_else(Instant::now);
         let mut args = Vec::with_capacity(1 + self.tokens.len());
         args.push(Value::Integer(millis(self.lease)));
         args.extend(self.tokens);

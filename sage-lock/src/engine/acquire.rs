@@ -131,8 +131,8 @@ pub(crate) async fn acquire(
             Arc::clone(&keys.display),
             Arc::clone(namespace),
             0,
-            start,
-            start,
+            std::time::Instant::now(),
+            std::time::Instant::now(),
             Duration::ZERO,
         ),
         renewal: None,
@@ -278,7 +278,8 @@ async fn acquire_loop(
         attempts += 1;
         // Until an answer says otherwise, this attempt may have been granted.
         held.armed = true;
-        let sent = Instant::now();
+        // The lease is measured on the real clock (see `crate::lease`).
+        let sent = std::time::Instant::now();
         let call = if queued {
             rules.wait_call(keys, &held.token, lease_duration, WAITER_TTL)
         } else {
@@ -302,7 +303,7 @@ async fn acquire_loop(
                 // The next local waiter joins the server's queue while this one holds.
                 waiter.resign();
                 let valid_until = sent + lease_duration - drift(lease_duration);
-                if Instant::now() >= valid_until {
+                if std::time::Instant::now() >= valid_until {
                     if remaining(deadline).is_zero() {
                         return Err(Stop::Lost(LossReason::ExpiredBeforeStart));
                     }

@@ -76,11 +76,13 @@ pub(crate) async fn hold<F: Future>(
 pub(super) async fn lease_ran_out(lease: &Lease, lease_duration: Duration) {
     let lead = safety_lead(lease_duration, lease.margin());
     loop {
-        let valid_until = lease.valid_until();
-        tokio::time::sleep_until(valid_until.checked_sub(lead).unwrap_or(valid_until)).await;
-        if lease.valid_until() <= valid_until {
+        // Real time (see `crate::lease`): recomputed after every wake-up, so a renewal that
+        // extended the lease, or a tokio clock that ran ahead, only means sleeping again.
+        let left = lease.remaining().saturating_sub(lead);
+        if left.is_zero() {
             return;
         }
+        tokio::time::sleep(left).await;
     }
 }
 
