@@ -1,0 +1,231 @@
+//! The replica-count floor (issue 8, found by the chaos suite with `--topology sentinel --server
+//! valkey --seconds 8 --seed 6`): during a Sentinel failover the replica being promoted leaves the
+//! old primary's `ROLE` list before the old primary is demoted. A grant (or renewal) made on the
+//! old primary in that window and acknowledged only by the replicas still attached is lost when
+//! those replicas resync from the new primary, which then grants the same fencing token again.
+//!
+//! These tests open that window deterministically on a primary with two replicas: one replica is
+//! detached with `REPLICAOF NO ONE` (exactly what Sentinel sends to the replica it promotes), so
+//! `ROLE` lists one replica where it listed two. Until the smaller count has been seen for
+//! [`sage_lock::REPLICA_LOSS_HOLD`], neither an acquisition nor a renewal may count as
+//! acknowledged; after it, availability comes back; a replica that comes back restores it at once.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use harness::{Replicated, ServerKind};
+use sage_lock::{LockClient, LockError, LockOptions, Locks, LossReason, TimeoutReason};
+
+const HOLD: Duration = Duration::from_secs(5); // BEFORE-FIX RUN ONLY
+
+async fn connect(setup: &Replicated) -> LockClient {
+    LockClient::builder()
+        .url(&setup.primary_url())
+        .replicated(true)
+        .command_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect("connect")
+}
+
+/// Waits until the primary lists `n` connected replicas.
+fn wait_connected_replicas(setup: &Replicated, n: usize) {
+    let expected = n.to_string();
+    harness::wait_until(Duration::from_secs(20), || {
+        match harness::info_field(setup.primary.port(), "replication", "connected_slaves") {
+            Some(count) if count == expected => Ok(()),
+            other => Err(format!("connected_slaves {other:?}, want {expected}")),
+        }
+    })
+    .expect("replica count");
+}
+
+/// Detaches `replicas[1]` the way Sentinel promotes a replica (`REPLICAOF NO ONE`).
+fn detach_one(setup: &Replicated) {
+    setup.replicas[1].cmd_ok(&["REPLICAOF", "NO", "ONE"]);
+    wait_connected_replicas(setup, 1);
+}
+
+fn lock_key_exists(setup: &Replicated, namespace: &str, key: &str) -> bool {
+    let name = format!("{{{namespace}:{key}}}");
+    setup.primary.cmd_ok(&["EXISTS", &name]).as_int() == Some(1)
+}
+
+/// An acquisition on a primary that just lost one of its two replicas is not acknowledged (the
+/// one replica left acknowledges, but two were seen), its grant is undone, and the body never
+/// runs; once the smaller count has been seen for `REPLICA_LOSS_HOLD`, acquisitions succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grant_needs_every_replica_seen_before_one_left() {
+    for kind in ServerKind::ALL {
+        let setup = Replicated::start(kind, 2);
+        let client = connect(&setup).await;
+        let locks: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("floor")
+                    .lease(Duration::from_secs(2)),
+            )
+            .expect("opts");
+        for _ in 0..3 {
+            locks
+                .with_lock("k", Duration::from_secs(2), async {})
+                .await
+                .expect("both replicas attached");
+        }
+        detach_one(&setup);
+        let ran = AtomicBool::new(false);
+        let started = Instant::now();
+        let result = locks
+            .with_lock("k", Duration::from_millis(1500), async {
+                ran.store(true, Ordering::SeqCst);
+            })
+            .await;
+        let refused_after = started.elapsed();
+        match &result {
+            Err(LockError::TimedOut {
+                reason:
+                    TimeoutReason::NotAcknowledged {
+                        acknowledged: 1,
+                        required: 2,
+                    },
+                ..
+            }) => {}
+            other => panic!(
+                "{}: a grant acknowledged by 1 of the 2 replicas seen before was accepted: \
+                 {other:?}",
+                kind.name()
+            ),
+        }
+        assert!(!ran.load(Ordering::SeqCst), "{}: body ran", kind.name());
+        assert!(
+            !lock_key_exists(&setup, "floor", "k"),
+            "{}: the unacknowledged grant was not undone",
+            kind.name()
+        );
+        // Availability comes back once the smaller count has been seen for the hold interval
+        // (measured from the first acquisition that saw it).
+        let back = locks
+            .with_lock("k", HOLD + Duration::from_secs(5), async { 7 })
+            .await;
+        let available_after = started.elapsed();
+        assert_eq!(
+            back.unwrap_or_else(|e| panic!("{}: after the hold: {e:?}", kind.name())),
+            7
+        );
+        assert!(
+            available_after >= HOLD,
+            "{}: the smaller count was accepted after {available_after:?}, before {HOLD:?}",
+            kind.name()
+        );
+        assert!(
+            available_after < HOLD + Duration::from_secs(3),
+            "{}: availability came back only after {available_after:?}",
+            kind.name()
+        );
+        println!(
+            "{}: one of two replicas detached -> TimedOut(NotAcknowledged 1/2) after \
+             {refused_after:?}; granted again {available_after:?} after the detach (hold {HOLD:?})",
+            kind.name()
+        );
+    }
+}
+
+/// A renewal on a primary that lost one of its two replicas while the lock is held is not
+/// acknowledged either: the holder gets `LockLost` once its usable lease runs out (the replica
+/// that left has the lease's older expiry) and the body is cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_needs_every_replica_seen_before_one_left() {
+    for kind in ServerKind::ALL {
+        let setup = Replicated::start(kind, 2);
+        let client = connect(&setup).await;
+        let lease = Duration::from_millis(600);
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("floor-renew").lease(lease))
+            .expect("opts");
+        let finished = AtomicBool::new(false);
+        let mut detached_at = None;
+        let result = locks
+            .with_lock("k", Duration::from_secs(2), async {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                detach_one(&setup);
+                detached_at = Some(Instant::now());
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                finished.store(true, Ordering::SeqCst);
+            })
+            .await;
+        let detected_after = detached_at.map(|t| t.elapsed()).unwrap_or_default();
+        match &result {
+            Err(LockError::LockLost {
+                reason:
+                    LossReason::NotAcknowledged {
+                        acknowledged: 1,
+                        required: 2,
+                    },
+                ..
+            }) => {}
+            other => panic!(
+                "{}: renewals acknowledged by 1 of the 2 replicas seen before kept the lock: \
+                 {other:?}",
+                kind.name()
+            ),
+        }
+        assert!(!finished.load(Ordering::SeqCst), "{}", kind.name());
+        assert!(
+            detected_after <= lease + Duration::from_millis(500),
+            "{}: detected after {detected_after:?}",
+            kind.name()
+        );
+        println!(
+            "{}: replica detached while held -> LockLost(NotAcknowledged 1/2) {detected_after:?} \
+             after the detach (lease {lease:?})",
+            kind.name()
+        );
+    }
+}
+
+/// A replica that comes back restores availability at once, without waiting out the hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn returning_replica_restores_availability() {
+    for kind in ServerKind::ALL {
+        let setup = Replicated::start(kind, 2);
+        let client = connect(&setup).await;
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("floor-back"))
+            .expect("opts");
+        locks
+            .with_lock("k", Duration::from_secs(2), async {})
+            .await
+            .expect("both replicas attached");
+        detach_one(&setup);
+        let refused = locks
+            .with_lock("k", Duration::from_millis(800), async {})
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(LockError::TimedOut {
+                    reason: TimeoutReason::NotAcknowledged { .. },
+                    ..
+                })
+            ),
+            "{}: {refused:?}",
+            kind.name()
+        );
+        let port = setup.primary.port().to_string();
+        setup.replicas[1].cmd_ok(&["REPLICAOF", "127.0.0.1", &port]);
+        setup
+            .wait_synced(Duration::from_secs(20))
+            .expect("replica back");
+        let started = Instant::now();
+        let value = locks
+            .with_lock("k", Duration::from_secs(2), async { 5 })
+            .await;
+        assert_eq!(value.expect("replica back"), 5, "{}", kind.name());
+        assert!(
+            started.elapsed() < HOLD,
+            "{}: took {:?}",
+            kind.name(),
+            started.elapsed()
+        );
+    }
+}
