@@ -15,9 +15,10 @@ use tokio::time::Instant;
 
 use crate::observe::Stats;
 use crate::pool::{DedicatedPool, Link, Loan, PoolError, close_in_background};
+use crate::replicas::ReplicaHints;
 use crate::retry::deadline_after;
 use crate::scripts::{ScriptCall, is_noscript};
-use crate::topology::{Checked, Deployment, ReplicaHints, run_checked};
+use crate::topology::{Checked, Deployment, run_checked};
 
 /// How long releasing may take before [`Locks::with_lock`](crate::Locks::with_lock) returns
 /// anyway (see its example). A release is a connection-level operation, so the bound lives here.
@@ -62,11 +63,11 @@ impl Connection {
 impl Connection {
     /// After a failed replica check or a lost lock (a failover may be under way): idle
     /// dedicated connections are closed, so the next loans reach the current primary, and the
-    /// replica-count hints start over low (a guess too low costs one more round trip; one too
-    /// high makes `WAIT` block until its bound).
+    /// replica-count guesses start over low; the replica-count floors stay (see
+    /// [`crate::replicas`]).
     pub(crate) fn forget_topology(&self) {
         self.pool.discard_idle();
-        self.hints.clear();
+        self.hints.forget_guesses();
     }
 }
 

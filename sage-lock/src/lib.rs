@@ -85,7 +85,7 @@
 #![warn(missing_docs)]
 
 // Layers, bottom to top (each module imports only from layers below it):
-//   utilities:   error, key, lease, observe, retry, scripts, topology, url, duration, options,
+//   utilities:   error, key, lease, observe, retry, scripts, replicas, topology, url, duration, options,
 //                profile (named options: data, environment overrides, the installed set)
 //   connection:  pool, connection (shared client, dedicated pool, checked script runs)
 //   engine:      renewal, engine (acquire → hold → release, generic over a primitive's Rules)
@@ -111,6 +111,7 @@ mod pool;
 mod primitives;
 mod profile;
 mod renewal;
+mod replicas;
 mod retry;
 mod scripts;
 mod tls;
@@ -131,6 +132,7 @@ pub use primitives::operator::{HeldLock, HolderInfo};
 pub use primitives::rwlock::{RwLocks, WRITER_INTENT};
 pub use primitives::semaphore::Semaphores;
 pub use profile::{Profile, Profiles};
+pub use replicas::REPLICA_LOSS_HOLD;
 pub use sage_lock_macros::locked;
 pub use topology::Deployment;
 

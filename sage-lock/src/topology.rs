@@ -2,8 +2,6 @@
 //! node that granted the lock still a primary, and how many replicas does it have) and `WAIT` (did
 //! those replicas acknowledge the write).
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -14,6 +12,7 @@ use fred::interfaces::{ClientLike, ClusterInterface};
 use fred::types::config::{Server, ServerConfig};
 use fred::types::{ClusterHash, CustomCommand, Value};
 
+use crate::replicas::ReplicaHints;
 use crate::scripts::{ScriptCall, is_noscript};
 
 /// The shape of the deployment behind a [`LockClient`](crate::LockClient), from
@@ -89,39 +88,15 @@ pub(crate) struct Checked {
     pub(crate) acknowledged: Option<(i64, i64)>,
 }
 
-/// Last replica count seen per primary; the first guess for `WAIT`'s replica count. Kept per
-/// node (not per slot), so a replica leaving costs one short `WAIT` per primary, not per slot.
-#[derive(Debug, Default)]
-pub(crate) struct ReplicaHints(Mutex<HashMap<Option<Server>, i64>>);
-
-impl ReplicaHints {
-    fn get(&self, node: &Option<Server>) -> i64 {
-        self.0
-            .lock()
-            .map_or(1, |map| map.get(node).copied().unwrap_or(1))
-    }
-
-    pub(crate) fn clear(&self) {
-        if let Ok(mut map) = self.0.lock() {
-            map.clear();
-        }
-    }
-
-    fn set(&self, node: Option<Server>, replicas: i64) {
-        if let Ok(mut map) = self.0.lock() {
-            map.insert(node, replicas);
-        }
-    }
-}
-
 /// The primary `conn` sends `slot`'s commands to: in a cluster, per the cached routing; else
-/// the one primary (`None`).
+/// the node it is connected to (Sentinel: the primary it reached), so that a promoted replica's
+/// replica count is not taken for the old primary's.
 fn primary_of(conn: &Client, slot: u16) -> Option<Server> {
     if conn.is_clustered() {
         conn.cached_cluster_state()
             .and_then(|routing| routing.get_server(slot).cloned())
     } else {
-        None
+        conn.active_connections().into_iter().next()
     }
 }
 
@@ -141,10 +116,12 @@ fn wait_millis(timeout: Duration) -> i64 {
 ///
 /// With `wait_until = Some(deadline)`, `conn` must be a dedicated connection: `WAIT` blocks it,
 /// until `deadline` at most. The number of replicas to wait for is the primary's own replica
-/// count from `ROLE`, and at least one. The first guess of that count comes from the last `ROLE`
-/// seen for the slot; when it was too low, the whole pipeline runs again with the right count
-/// (the lock scripts are idempotent for their token), so the write and its `WAIT` always travel
-/// together on one connection and a reconnect in between cannot fake an acknowledgement.
+/// count from `ROLE`, never below the floor of counts seen for that node recently, and at least
+/// one (see [`crate::replicas`]: a replica that just left may have been promoted). The first
+/// guess of that count comes from the last `ROLE` seen for the node; when it was too low, the
+/// whole pipeline runs again with the right count (the lock scripts are idempotent for their
+/// token), so the write and its `WAIT` always travel together on one connection and a reconnect
+/// in between cannot fake an acknowledgement.
 ///
 /// `acknowledged` is only meaningful when the script wrote.
 pub(crate) async fn run_checked(
@@ -159,7 +136,7 @@ pub(crate) async fn run_checked(
     loop {
         rounds += 1;
         let node = primary_of(conn, slot);
-        let guess = hints.get(&node).max(1);
+        let guess = hints.guess(&node);
         let pipeline = conn.pipeline();
         let _: () = pipeline
             .custom(slot_command("ROLE", slot), Vec::<Value>::new())
@@ -182,7 +159,7 @@ pub(crate) async fn run_checked(
             }
             other => other?,
         };
-        hints.set(node, role.replicas);
+        let required = hints.observe(node, role.is_primary(), role.replicas);
         if wait_until.is_none() {
             return Ok(Checked {
                 reply,
@@ -190,7 +167,6 @@ pub(crate) async fn run_checked(
                 acknowledged: None,
             });
         }
-        let required = role.replicas.max(1);
         let acknowledged = next(&mut results)?.as_i64().unwrap_or(0);
         if acknowledged < required && guess < required && rounds < 3 && role.is_primary() {
             continue;

@@ -218,7 +218,8 @@ async fn from_fred_enforces_what_locks_rely_on() {
 }
 
 /// 5. After a replica leaves, a stale replica-count hint must neither block `WAIT` for the whole
-/// command timeout nor make every other slot pay once.
+/// command timeout nor make every other slot pay once (once the count it left behind is accepted,
+/// after `REPLICA_LOSS_HOLD`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_is_bounded_and_the_hint_follows_role() {
     for kind in ServerKind::ALL {
@@ -247,6 +248,38 @@ async fn wait_is_bounded_and_the_hint_follows_role() {
             }
         })
         .expect("replica left");
+        // The replica that left may have been promoted (a failover): for REPLICA_LOSS_HOLD the
+        // one replica left cannot acknowledge alone (tests/tests/replica_loss.rs), and every
+        // refused attempt's WAIT ends below the command timeout.
+        let started = Instant::now();
+        let refused = locks
+            .with_lock("k0", Duration::from_millis(700), async {})
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(LockError::TimedOut {
+                    reason: sage_lock::TimeoutReason::NotAcknowledged {
+                        acknowledged: 1,
+                        required: 2
+                    },
+                    ..
+                })
+            ),
+            "{}: {refused:?}",
+            kind.name()
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(1700),
+            "{}: refusal took {:?}",
+            kind.name(),
+            started.elapsed()
+        );
+        // The hold runs from the first reply that showed one replica (after its bounded WAIT).
+        tokio::time::sleep_until(
+            (started + sage_lock::REPLICA_LOSS_HOLD + Duration::from_secs(1)).into(),
+        )
+        .await;
         let mut times = Vec::new();
         for i in 0..10 {
             let started = Instant::now();

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use harness::{Replicated, ServerKind};
 use sage_lock::{LockClient, LockError, LockOptions, Locks, LossReason, TimeoutReason};
 
-const HOLD: Duration = Duration::from_secs(5); // BEFORE-FIX RUN ONLY
+const HOLD: Duration = sage_lock::REPLICA_LOSS_HOLD;
 
 async fn connect(setup: &Replicated) -> LockClient {
     LockClient::builder()

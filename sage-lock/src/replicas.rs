@@ -1,0 +1,201 @@
+//! How many replicas must acknowledge a write on a primary: the replica-count floor.
+//!
+//! `WAIT n` only counts the replicas the primary lists *now*, and a primary does not know why a
+//! replica left. During a Sentinel failover the replica being promoted (`REPLICAOF NO ONE`) leaves
+//! the old primary's list first; the old primary keeps accepting writes until Sentinel moves the
+//! other replicas to the new primary and, seconds later, demotes the old one. A write made in that
+//! window and acknowledged by the replicas still attached is thrown away when those replicas
+//! resync from the new primary, which never saw it: the lock key and its fencing `INCR` are gone,
+//! and the new primary grants the same fencing token again (found by the chaos suite,
+//! `--topology sentinel --server valkey --seconds 8 --seed 6`: token 5 granted twice, one update
+//! lost).
+//!
+//! So the count a primary's writes need never drops on the primary's word alone: per node, the
+//! client keeps the highest replica count it has seen (the *floor*), and requires
+//! `max(listed now, floor, 1)` acknowledgements. A write while a replica is missing is then
+//! `Ack::Short`: an acquisition undoes its grant and retries (then `TimedOut(NotAcknowledged)`),
+//! a renewal retries until the usable lease runs out (then `LockLost(NotAcknowledged)`).
+//!
+//! The floor comes down to a smaller count once this client has seen the node list fewer
+//! replicas continuously for [`REPLICA_LOSS_HOLD`] (the clock starts at the first `ROLE` that
+//! shows the smaller count); a count back at or above the floor restores it at once. That is the
+//! price of a replica that really died or was removed: writes on its primary are refused for
+//! `REPLICA_LOSS_HOLD` after the client first notices (locks held meanwhile are lost when their
+//! usable lease ends). Sentinel moves the remaining replicas to the promoted one within about a
+//! second of promoting it (its `INFO` period during a failover), after which the old primary has
+//! no acknowledging replica at all; the hold covers that window several times over. A ROLE that
+//! shows the node is not a primary forgets its floor: a node promoted again starts afresh.
+//!
+//! What this does not cover: the floor is learned, per client, from what it has observed. A
+//! client that first talks to a primary inside such a window (a new process, or one idle through
+//! the whole hold) cannot know the count was higher; the count is a number, not a set of replica
+//! identities (a replica leaving while another joins keeps it); and a failover that takes longer
+//! than the hold to move the remaining replicas (many replicas with `parallel-syncs 1`, large
+//! datasets) reopens the window. Sentinel's own view does not close it either: Sentinel reports
+//! the old primary (`SENTINEL GET-MASTER-ADDR-BY-NAME`) until the replicas are reconfigured, and
+//! it lists replicas that are down, so neither helps to decide a write.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use fred::types::config::Server;
+use tokio::time::Instant;
+
+/// How long a primary must be seen listing fewer replicas than before until sage-lock accepts
+/// acknowledgement from the smaller set (see the README's "Limits": replicated deployments).
+///
+/// Until then, writes on that primary count as not acknowledged: a replica that left may have
+/// been promoted, and a write it did not see would be lost in the failover.
+///
+/// ```
+/// assert!(sage_lock::REPLICA_LOSS_HOLD >= std::time::Duration::from_secs(1));
+/// ```
+pub const REPLICA_LOSS_HOLD: Duration = Duration::from_secs(5);
+
+/// What the client knows about one primary's replicas.
+#[derive(Debug, Clone, Copy)]
+struct NodeHint {
+    /// The count the last `ROLE` listed: the first guess for `WAIT` (0: start over).
+    last: i64,
+    /// The highest count seen, until the node has listed fewer for [`REPLICA_LOSS_HOLD`].
+    floor: i64,
+    /// Since when `ROLE` has listed fewer than `floor` replicas.
+    shrunk_since: Option<Instant>,
+}
+
+impl NodeHint {
+    /// The floor as of `now` (the hold may have passed since the last `ROLE`).
+    fn floor_at(&self, now: Instant) -> i64 {
+        match self.shrunk_since {
+            Some(since) if now.saturating_duration_since(since) >= REPLICA_LOSS_HOLD => self.last,
+            _ => self.floor,
+        }
+    }
+}
+
+/// Per-primary replica counts: the first guess for `WAIT` and the floor of what it must get.
+/// Kept per node (not per slot), so a replica leaving costs one short `WAIT` per primary, not
+/// per slot.
+#[derive(Debug, Default)]
+pub(crate) struct ReplicaHints(Mutex<HashMap<Option<Server>, NodeHint>>);
+
+impl ReplicaHints {
+    /// The replica count to send with `WAIT` before this round's `ROLE` is known (at least 1).
+    pub(crate) fn guess(&self, node: &Option<Server>) -> i64 {
+        self.guess_at(node, Instant::now())
+    }
+
+    fn guess_at(&self, node: &Option<Server>, now: Instant) -> i64 {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|map| map.get(node).map(|h| h.last.max(h.floor_at(now))))
+            .unwrap_or(1)
+            .max(1)
+    }
+
+    /// Records a `ROLE` of `node` (`replicas` listed; `primary`: its role) and returns how many
+    /// replicas must acknowledge a write it made: the listed count, the floor, and at least 1.
+    pub(crate) fn observe(&self, node: Option<Server>, primary: bool, replicas: i64) -> i64 {
+        self.observe_at(node, primary, replicas, Instant::now())
+    }
+
+    fn observe_at(&self, node: Option<Server>, primary: bool, replicas: i64, now: Instant) -> i64 {
+        let Ok(mut map) = self.0.lock() else {
+            return replicas.max(1);
+        };
+        if !primary {
+            map.remove(&node);
+            return replicas.max(1);
+        }
+        let hint = map.entry(node).or_insert(NodeHint {
+            last: replicas,
+            floor: replicas,
+            shrunk_since: None,
+        });
+        hint.last = replicas;
+        if replicas >= hint.floor {
+            hint.floor = replicas;
+            hint.shrunk_since = None;
+        } else {
+            let since = *hint.shrunk_since.get_or_insert(now);
+            if now.saturating_duration_since(since) >= REPLICA_LOSS_HOLD {
+                hint.floor = replicas;
+                hint.shrunk_since = None;
+            }
+        }
+        replicas.max(hint.floor).max(1)
+    }
+
+    /// A failover may be under way: the `WAIT` guesses start over low (a guess too low costs one
+    /// more round trip; one too high makes `WAIT` block until its bound). The floors stay: they
+    /// are what protects writes in a failover.
+    pub(crate) fn forget_guesses(&self) {
+        if let Ok(mut map) = self.0.lock() {
+            for hint in map.values_mut() {
+                hint.last = 0;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replica_leaving_keeps_the_floor_for_the_hold() {
+        let hints = ReplicaHints::default();
+        let t0 = Instant::now();
+        assert_eq!(hints.guess_at(&None, t0), 1, "no history: at least 1");
+        assert_eq!(hints.observe_at(None, true, 2, t0), 2);
+        // One replica leaves (promoted elsewhere, or dead): still 2, for the whole hold.
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(hints.observe_at(None, true, 1, t1), 2);
+        assert_eq!(hints.guess_at(&None, t1), 2);
+        let almost = t1 + REPLICA_LOSS_HOLD - Duration::from_millis(1);
+        assert_eq!(hints.observe_at(None, true, 1, almost), 2);
+        // Forgetting the guesses keeps the floor.
+        hints.forget_guesses();
+        assert_eq!(hints.guess_at(&None, almost), 2);
+        // Seen shrunk for the hold: the smaller count is accepted (the guess follows first).
+        let after = t1 + REPLICA_LOSS_HOLD;
+        assert_eq!(hints.guess_at(&None, after), 1);
+        assert_eq!(hints.observe_at(None, true, 1, after), 1);
+        assert_eq!(hints.observe_at(None, true, 0, after), 1, "at least 1");
+    }
+
+    #[test]
+    fn a_returning_replica_restores_the_count_and_resets_the_clock() {
+        let hints = ReplicaHints::default();
+        let t0 = Instant::now();
+        hints.observe_at(None, true, 2, t0);
+        hints.observe_at(None, true, 1, t0);
+        let back = t0 + REPLICA_LOSS_HOLD / 2;
+        assert_eq!(hints.observe_at(None, true, 2, back), 2);
+        // A second departure starts the hold again.
+        let gone = back + Duration::from_millis(10);
+        assert_eq!(hints.observe_at(None, true, 1, gone), 2);
+        assert_eq!(hints.observe_at(None, true, 1, t0 + REPLICA_LOSS_HOLD), 2);
+        assert_eq!(hints.observe_at(None, true, 1, gone + REPLICA_LOSS_HOLD), 1);
+        // More replicas raise the floor at once.
+        assert_eq!(hints.observe_at(None, true, 3, gone + REPLICA_LOSS_HOLD), 3);
+    }
+
+    #[test]
+    fn floors_are_per_node_and_a_demoted_node_forgets_its_own() {
+        let hints = ReplicaHints::default();
+        let t0 = Instant::now();
+        let (a, b) = (
+            Some(Server::new("10.0.0.1", 6379)),
+            Some(Server::new("10.0.0.2", 6379)),
+        );
+        hints.observe_at(a.clone(), true, 2, t0);
+        assert_eq!(hints.observe_at(b.clone(), true, 1, t0), 1);
+        assert_eq!(hints.observe_at(a.clone(), true, 1, t0), 2);
+        // `a` is a replica now; promoted again later, it starts from what it lists then.
+        assert_eq!(hints.observe_at(a.clone(), false, 0, t0), 1);
+        assert_eq!(hints.observe_at(a, true, 1, t0), 1);
+    }
+}
