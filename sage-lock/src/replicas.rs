@@ -27,8 +27,9 @@
 //! shows the node is not a primary forgets its floor: a node promoted again starts afresh.
 //!
 //! What this does not cover: the floor is learned, per client, from what it has observed. A
-//! client that first talks to a primary inside such a window (a new process, or one idle through
-//! the whole hold) cannot know the count was higher; the count is a number, not a set of replica
+//! client that first talks to a primary inside such a window (a new process) cannot know the
+//! count was higher (an idle client keeps its floor: the hold runs only from the first `ROLE`
+//! showing the smaller count); the count is a number, not a set of replica
 //! identities (a replica leaving while another joins keeps it); and a failover that takes longer
 //! than the hold to move the remaining replicas (many replicas with `parallel-syncs 1`, large
 //! datasets) reopens the window. Sentinel's own view does not close it either: Sentinel reports

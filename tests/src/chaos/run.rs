@@ -190,7 +190,9 @@ pub fn coordinate(args: &RunArgs) -> Result<i32, String> {
         leaked_connections
     );
     let failed = !violations.is_empty() || leaked_keys > 0 || leaked_connections > 0;
-    if failed || !report.late_losses.is_empty() {
+    // `SAGE_LOCK_CHAOS_KEEP=1` keeps the histories of a passing run too (to study one).
+    let keep = std::env::var_os("SAGE_LOCK_CHAOS_KEEP").is_some_and(|v| v == "1");
+    if failed || keep || !report.late_losses.is_empty() {
         println!(
             "chaos: replay with --seed {}; histories in {}",
             args.seed,
@@ -200,7 +202,7 @@ pub fn coordinate(args: &RunArgs) -> Result<i32, String> {
     if failed {
         Ok(1)
     } else {
-        if report.late_losses.is_empty() {
+        if report.late_losses.is_empty() && !keep {
             let _ = std::fs::remove_dir_all(&dir);
         }
         Ok(0)
