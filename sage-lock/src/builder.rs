@@ -386,7 +386,8 @@ impl LockClientBuilder {
         };
         if let Some(error) = failure {
             let _ = tokio::time::timeout(Duration::from_secs(1), fred.quit()).await;
-            let hint = tls::connect_hint(&error, uses_tls);
+            let hint = crate::acl::denial_hint(&error, None)
+                .unwrap_or_else(|| tls::connect_hint(&error, uses_tls).to_owned());
             return Err(LockError::backend(
                 format!("could not connect to {target}: {hint}"),
                 error,

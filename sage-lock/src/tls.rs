@@ -206,7 +206,15 @@ fn system_roots() -> Result<RootCertStore, LockError> {
 pub(crate) fn connect_hint(error: &Error, tls: bool) -> &'static str {
     let details = error.details();
     let mentions = |words: &[&str]| words.iter().any(|word| details.contains(word));
-    if mentions(&["CertificateRequired"]) {
+    if mentions(&[
+        "WRONGPASS",
+        "NOAUTH",
+        "invalid password",
+        "invalid username-password",
+    ]) {
+        "the server refused the credentials: check the user name and password in the URL (or \
+         the fred Config)"
+    } else if mentions(&["CertificateRequired"]) {
         "the server requires a client certificate (tls-auth-clients yes): pass one its CA \
          signed with LockClientBuilder::tls_client_cert_file or tls_client_cert_pem"
     } else if mentions(&[

@@ -6,6 +6,8 @@
 
 #[path = "security/acl.rs"]
 mod acl;
+#[path = "security/acl_denials.rs"]
+mod acl_denials;
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};

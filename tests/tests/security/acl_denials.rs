@@ -1,0 +1,335 @@
+//! ACL denials: a user missing one permission gets an error that names the command (or key,
+//! or channel) and the grant that fixes it, on acquisition, renewal, release, operator tools
+//! and connect.
+
+use std::time::{Duration, Instant};
+
+use harness::{Server, ServerKind};
+use sage_lock::{LockClient, LockError, Locks, LossReason};
+
+use crate::acl::{PASSWORD, User, set_user, without};
+
+/// Runs a `with_lock` as a user whose rule was changed by `change`; returns its error text.
+async fn with_lock_error(
+    server: &Server,
+    replicated: bool,
+    change: impl Fn(Vec<String>) -> Vec<String>,
+) -> String {
+    let user = User::new(server, change);
+    let client = user.client(replicated).await;
+    let locks: Locks<str> = client
+        .lock_with(user.options(Duration::from_secs(5)))
+        .expect("options");
+    let error = locks
+        .with_lock("k", Duration::from_secs(2), async {})
+        .await
+        .expect_err("the ACL should deny the acquisition");
+    assert!(matches!(error, LockError::Backend { .. }), "{error:?}");
+    client.quit().await;
+    eprintln!("denied as expected: {error}");
+    error.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_missing_script_commands_are_named() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let text = with_lock_error(server, false, without(&["+evalsha", "+eval"])).await;
+        assert!(
+            text.contains("NOPERM")
+                && text.to_lowercase().contains("'evalsha' command")
+                && text.contains("grant +evalsha"),
+            "{kind}: {text}"
+        );
+        // A command the acquire script calls: the server names only the script's line.
+        let text = with_lock_error(server, false, without(&["+incr"])).await;
+        assert!(
+            text.contains("script") && text.contains("grant +incr"),
+            "{kind}: {text}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_missing_key_access_is_named() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        // Keys of another namespace only.
+        let text = with_lock_error(server, false, |rule| {
+            rule.into_iter()
+                .map(|w| {
+                    if w.starts_with("~{") {
+                        "~{other:*".to_owned()
+                    } else {
+                        w
+                    }
+                })
+                .collect()
+        })
+        .await;
+        assert!(
+            text.contains("NOPERM") && text.to_lowercase().contains("key") && text.contains("~{"),
+            "{kind}: {text}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_missing_wait_on_a_replicated_deployment_is_named() {
+    for kind in ServerKind::ALL {
+        let primary = &harness::shared_replicated(kind).primary;
+        let text = with_lock_error(primary, true, without(&["+wait"])).await;
+        assert!(
+            text.contains("NOPERM") && text.to_lowercase().contains("'wait' command"),
+            "{kind}: {text}"
+        );
+        let text = with_lock_error(primary, true, without(&["+role"])).await;
+        assert!(
+            text.contains("NOPERM") && text.to_lowercase().contains("'role' command"),
+            "{kind}: {text}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_revoked_during_a_hold_is_a_named_renewal_loss() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let user = User::new(server, |rule| rule);
+        let client = user.client(false).await;
+        let locks: Locks<str> = client
+            .lock_with(user.options(Duration::from_millis(300)))
+            .expect("options");
+        let name = user.name.clone();
+        let error = locks
+            .with_lock("k", Duration::from_secs(2), async {
+                server.cmd_ok(&["ACL", "SETUSER", &name, "resetkeys", "~{other:*"]);
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            })
+            .await
+            .expect_err("the renewal is denied");
+        let text = error.to_string();
+        eprintln!("lost as expected: {text}");
+        assert!(
+            matches!(
+                &error,
+                LockError::LockLost {
+                    reason: LossReason::RenewalFailed(_),
+                    ..
+                }
+            ) && text.contains("NOPERM"),
+            "{kind}: {text}"
+        );
+        client.quit().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_operator_tools_name_the_missing_permission() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let user = User::new(server, without(&["+scan"]));
+        let client = user.client(false).await;
+        let locks: Locks<str> = client
+            .lock_with(user.options(Duration::from_secs(5)))
+            .expect("options");
+        let error = locks.scan().await.expect_err("SCAN is denied");
+        let text = error.to_string();
+        assert!(
+            matches!(error, LockError::Backend { .. })
+                && text.contains("NOPERM")
+                && text.to_lowercase().contains("'scan' command"),
+            "{kind}: {text}"
+        );
+        // The inspect script's PEXPIRETIME (Redis names only the script's line), on a held lock.
+        let by_hand = client
+            .lock_with::<String>(user.options(Duration::from_secs(5)))
+            .expect("options");
+        let (release, holder) = harness::hold_by_hand(&by_hand, "held").await;
+        set_user(
+            server,
+            &format!("ACL SETUSER {} -pexpiretime", user.name),
+            |r| r,
+        );
+        let denied = locks.holder("held").await;
+        set_user(
+            server,
+            &format!("ACL SETUSER {} +pexpiretime", user.name),
+            |r| r,
+        );
+        let _ = release.send(());
+        holder.await.expect("holder released");
+        let error = denied.expect_err("PEXPIRETIME is denied");
+        let text = error.to_string();
+        eprintln!("denied as expected: {text}");
+        assert!(
+            matches!(error, LockError::Backend { .. }) && text.contains("grant +pexpiretime"),
+            "{kind}: {text}"
+        );
+        // No key access: inspection and forced release name the keys.
+        set_user(
+            server,
+            &format!("ACL SETUSER {} resetkeys ~{{other:*", user.name),
+            |r| r,
+        );
+        for error in [
+            locks.is_locked("k").await.expect_err("is_locked denied"),
+            locks.holder("k").await.expect_err("holder denied"),
+            locks
+                .force_unlock("k", "test")
+                .await
+                .expect_err("force_unlock denied"),
+        ] {
+            let text = error.to_string();
+            eprintln!("denied as expected: {text}");
+            assert!(
+                matches!(error, LockError::Backend { .. })
+                    && text.contains("NOPERM")
+                    && text.contains("~{"),
+                "{kind}: {text}"
+            );
+        }
+        client.quit().await;
+    }
+}
+
+/// Without the channel permission, waiters still get the lock (by polling); the denial shows
+/// in the server's ACL log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_without_channels_waiters_fall_back_to_polling() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let user = User::new(server, |rule| {
+            rule.into_iter().filter(|w| !w.starts_with('&')).collect()
+        });
+        let client = user.client(false).await;
+        let lease = Duration::from_secs(5);
+        let by_hand = client
+            .lock_with::<String>(user.options(lease))
+            .expect("options");
+        let locks: Locks<str> = client.lock_with(user.options(lease)).expect("options");
+        let (release, holder) = harness::hold_by_hand(&by_hand, "c").await;
+        let waiter = {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                locks
+                    .with_lock("c", Duration::from_secs(5), async { Instant::now() })
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let released = Instant::now();
+        let _ = release.send(());
+        holder.await.expect("holder");
+        let woke = waiter
+            .await
+            .expect("waiter task")
+            .expect("waiter acquired by polling");
+        assert!(woke.duration_since(released) < Duration::from_secs(2));
+        client.quit().await;
+        let denials = user.denials(server);
+        assert!(
+            denials
+                .iter()
+                .any(|entry| entry.contains("\"channel\"") && entry.contains(":released")),
+            "{kind}: expected the subscription's channel denial in ACL LOG: {denials:#?}"
+        );
+    }
+}
+
+/// A `Write` sink shared with a tracing subscriber.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Ok(mut out) = self.0.lock() {
+            out.extend_from_slice(buf);
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A release the ACL denies: the body's result is returned, the failure is logged with the
+/// server's message and the grant, and the key expires with its lease.
+#[tokio::test]
+async fn acl_denied_release_is_logged_with_the_grant() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let user = User::new(server, |rule| rule);
+        let client = user.client(false).await;
+        let locks: Locks<str> = client
+            .lock_with(user.options(Duration::from_secs(5)))
+            .expect("options");
+        let name = user.name.clone();
+        let out = locks
+            .with_lock("k", Duration::from_secs(2), async {
+                server.cmd_ok(&["ACL", "SETUSER", &name, "resetkeys", "~{other:*"]);
+                8
+            })
+            .await
+            .expect("the body ran; a failed release is not the caller's error");
+        assert_eq!(out, 8);
+        let key = String::from_utf8(LockClient::server_key(&user.ns, "k")).expect("UTF-8 key");
+        let pttl = server.cmd_ok(&["PTTL", &key]).as_int().unwrap_or(-2);
+        assert!(
+            pttl > 0,
+            "{kind}: the lock key should live on until its lease ends: {pttl}"
+        );
+        client.quit().await;
+    }
+    let logs = String::from_utf8_lossy(&captured.0.lock().map(|l| l.clone()).unwrap_or_default())
+        .into_owned();
+    assert_eq!(
+        logs.matches("release failed").count(),
+        2,
+        "one failed release per server kind:\n{logs}"
+    );
+    assert!(
+        logs.contains("NOPERM") && logs.contains("grant ~{NAMESPACE:*"),
+        "{logs}"
+    );
+}
+
+/// Connecting: a cluster user without fred's routing commands, and a wrong password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_connect_failures_are_named() {
+    for kind in ServerKind::ALL {
+        let cluster = harness::shared_cluster(kind);
+        let servers: Vec<&Server> = cluster.nodes.iter().collect();
+        let user = User::on(&servers, &cluster.url(), without(&["+cluster|slots"]));
+        let text = match LockClient::connect(&user.url).await {
+            Ok(client) => {
+                client.quit().await;
+                panic!("{kind}: connected without CLUSTER SLOTS")
+            }
+            Err(error) => error.to_string(),
+        };
+        assert!(text.contains("grant +cluster|slots"), "{kind}: {text}");
+
+        let server = harness::shared(kind);
+        let user = User::new(server, |rule| rule);
+        let wrong = user.url.replace(PASSWORD, "not-the-password");
+        let error = LockClient::connect(&wrong)
+            .await
+            .expect_err("a wrong password is refused");
+        let text = error.to_string();
+        assert!(
+            matches!(error, LockError::Backend { .. })
+                && text.contains("refused the credentials")
+                && !text.contains("not-the-password"),
+            "{kind}: {text}"
+        );
+    }
+}
