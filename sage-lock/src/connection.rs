@@ -36,7 +36,13 @@ pub(crate) struct Connection {
     task: std::sync::Mutex<Option<fred::types::ConnectHandle>>,
     /// Set while a forced reconnection of the shared connection is under way.
     reconnecting: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether the server has `DELIFEQ` (Valkey 9+): [`DELIFEQ_UNKNOWN`] until first asked.
+    delifeq: std::sync::atomic::AtomicU8,
 }
+
+const DELIFEQ_UNKNOWN: u8 = 0;
+const DELIFEQ_PRESENT: u8 = 1;
+const DELIFEQ_ABSENT: u8 = 2;
 
 impl Connection {
     pub(crate) fn new(
@@ -56,6 +62,7 @@ impl Connection {
             command_timeout,
             task: std::sync::Mutex::new(task),
             reconnecting: Arc::default(),
+            delifeq: std::sync::atomic::AtomicU8::new(DELIFEQ_UNKNOWN),
         }
     }
 }
@@ -191,6 +198,70 @@ fn abandon(loan: Loan, cleanup: Option<ScriptCall<'static>>, shared: Client) {
     });
 }
 
+impl Connection {
+    /// `DELIFEQ key value` (Valkey 9's native compare-and-delete) on a standalone server, within
+    /// `deadline`: `Some(true)` when it deleted the key, `Some(false)` when the key held another
+    /// value (or none), `None` when it cannot tell (no such command, a replicated deployment,
+    /// which needs the checked path, or a failure), so the caller falls back to its script.
+    /// Whether the server has the command is asked once (`COMMAND INFO DELIFEQ`).
+    pub(crate) async fn delete_if_equal(
+        &self,
+        key: &fred::bytes::Bytes,
+        value: &fred::bytes::Bytes,
+        deadline: Instant,
+    ) -> Option<bool> {
+        use std::sync::atomic::Ordering;
+        if self.deployment.is_replicated() {
+            return None;
+        }
+        let known = self.delifeq.load(Ordering::Acquire);
+        if known == DELIFEQ_ABSENT {
+            return None;
+        }
+        if known == DELIFEQ_UNKNOWN {
+            let command = fred::types::CustomCommand::new_static(
+                "COMMAND",
+                fred::types::ClusterHash::Random,
+                false,
+            );
+            let asked = tokio::time::timeout_at(
+                deadline,
+                self.fred.custom::<Value, Value>(
+                    command,
+                    vec![Value::from("INFO"), Value::from("DELIFEQ")],
+                ),
+            )
+            .await;
+            // `[nil]` when the server has no such command; a failure asks again next time.
+            let Ok(Ok(Value::Array(info))) = asked else {
+                return None;
+            };
+            let present = info.first().is_some_and(|entry| !entry.is_null());
+            let state = if present {
+                DELIFEQ_PRESENT
+            } else {
+                DELIFEQ_ABSENT
+            };
+            self.delifeq.store(state, Ordering::Release);
+            if !present {
+                return None;
+            }
+        }
+        let command = fred::types::CustomCommand::new_static(
+            "DELIFEQ",
+            fred::types::ClusterHash::FirstKey,
+            false,
+        );
+        let args = vec![Value::Bytes(key.clone()), Value::Bytes(value.clone())];
+        match tokio::time::timeout_at(deadline, self.fred.custom::<Value, Value>(command, args))
+            .await
+        {
+            Ok(Ok(reply)) => reply.as_i64().map(|deleted| deleted == 1),
+            _ => None,
+        }
+    }
+}
+
 /// Why a single server operation did not produce an answer.
 #[derive(Debug)]
 pub(crate) enum OpError {
@@ -257,13 +328,19 @@ impl Connection {
             Err(PoolError::Exhausted) => return Err(OpError::PoolExhausted),
             Err(PoolError::Connect(error)) => return Err(OpError::Failed(error)),
         };
-        // WAIT may use half of what is left of the deadline, leaving the other half (5 to 250 ms)
-        // for its reply: an idle server ends a WAIT up to 1000/`hz` ms late (100 ms at the
-        // default `hz 10`, more on a busy machine), and a renewal must report its outcome before
-        // the lease's safety net fires. And WAIT takes at most half the command timeout, so one
-        // for a replica that left ends well before fred's.
+        // WAIT leaves part of what is left of the deadline for its reply: an idle server ends a
+        // WAIT up to 1000/`hz` ms late (100 ms at the default `hz 10`), and a renewal must
+        // report its outcome before the lease's safety net fires. With 300 ms or more left, half
+        // (at most 250 ms) stays free, which covers that lateness; with less, no slack could, and
+        // WAIT keeps two thirds so that slow but healthy replicas still acknowledge short leases.
+        // And WAIT takes at most half the command timeout, so one for a replica that left ends
+        // well before fred's.
         let left = crate::retry::remaining(deadline);
-        let slack = (left / 2).clamp(Duration::from_millis(5), Duration::from_millis(250));
+        let slack = if left >= Duration::from_millis(300) {
+            (left / 2).min(Duration::from_millis(250))
+        } else {
+            (left / 3).max(Duration::from_millis(5))
+        };
         let wait_until = deadline
             .checked_sub(slack)
             .unwrap_or(deadline)

@@ -48,7 +48,8 @@ for i = 1, #KEYS do
   renewed[i] = 0
   if kind == 'o' then
     local held = redis.pcall('GET', KEYS[i])
-    if held == token then
+    -- A mutex holder's value may carry the queued mark ('+').
+    if held == token or held == token .. '+' then
       renewed[i] = redis.call('PEXPIRE', KEYS[i], lease)
     end
   else

@@ -139,6 +139,7 @@ pub(crate) async fn acquire(
         armed: true,
         granted_by: None,
         hold_at_least: Duration::ZERO,
+        uncontended: false,
     };
     // Registered on the first "busy" reply: woken when this process releases the key.
     let mut waiter = WaitSlot {
@@ -184,6 +185,7 @@ pub(crate) async fn acquire(
             );
             held.lease = granted.lease;
             held.granted_by = granted.granted_by;
+            held.uncontended = granted.attempts == 1;
             Ok(Some(held))
         }
         Ok(None) => Ok(None),

@@ -110,6 +110,9 @@ pub(crate) struct Held {
     pub(crate) granted_by: Option<Server>,
     /// Minimum time from acquisition to release; zero until the body may have started.
     pub(crate) hold_at_least: Duration,
+    /// Granted on the first attempt (nobody was waiting): the release tries the plain
+    /// [`Rules::plain_release_key`] command first.
+    pub(crate) uncontended: bool,
 }
 
 impl Held {
@@ -125,6 +128,7 @@ impl Held {
             &self.metrics,
             self.keep_for(),
             self.granted_by.as_ref(),
+            self.uncontended,
         )
         .await;
         self.armed = false;
@@ -143,6 +147,7 @@ impl Held {
             &self.metrics,
             None,
             self.granted_by.as_ref(),
+            false,
         )
         .await;
         self.armed = false;
@@ -168,6 +173,7 @@ impl Held {
                 &self.metrics,
                 None,
                 self.granted_by.as_ref(),
+                false,
             )
             .await;
         }
@@ -203,6 +209,7 @@ impl Drop for Held {
 /// Removes `token`'s hold (or, with `keep_for`, lets it expire then), bounded by
 /// [`RELEASE_TIMEOUT`]; failures are logged (the lease expires). Wakes this process's waiters for
 /// the key when it was removed.
+#[allow(clippy::too_many_arguments)]
 async fn release_now(
     engine: &Engine,
     rules: &dyn Rules,
@@ -211,7 +218,20 @@ async fn release_now(
     metrics: &Metrics,
     keep_for: Option<Duration>,
     granted_by: Option<&Server>,
+    plain: bool,
 ) {
+    if plain
+        && keep_for.is_none()
+        && let Some(key) = rules.plain_release_key(keys)
+    {
+        let deadline = Instant::now() + RELEASE_TIMEOUT;
+        if engine.conn.delete_if_equal(&key, token, deadline).await == Some(true) {
+            // Nobody queued on the server; a local task may wait without queueing.
+            engine.waiters.wake_one(&keys.lock);
+            engine.conn.stats.record(metrics, Event::Release);
+            return;
+        }
+    }
     let call = match keep_for {
         Some(keep_for) => rules.shorten_call(keys, token, keep_for),
         None => rules.release_call(keys, token),
@@ -255,13 +275,14 @@ fn release_in_background(held: &Held) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    let (engine, rules, keys, token, metrics, keep_for) = (
+    let (engine, rules, keys, token, metrics, keep_for, plain) = (
         Arc::clone(&held.engine),
         Arc::clone(&held.rules),
         Arc::clone(&held.keys),
         held.token.clone(),
         Arc::clone(&held.metrics),
         held.keep_for(),
+        held.uncontended,
     );
     let granted_by = held.granted_by.clone();
     runtime.spawn(async move {
@@ -273,6 +294,7 @@ fn release_in_background(held: &Held) {
             &metrics,
             keep_for,
             granted_by.as_ref(),
+            plain,
         )
         .await;
     });

@@ -87,6 +87,14 @@ pub(crate) trait Rules: Send + Sync + fmt::Debug {
     fn notifies(&self) -> bool {
         false
     }
+    /// The key a hold granted without waiting may be released from with a plain `DELIFEQ key
+    /// token` (where the server has it) instead of the release call: the primitive's scripts
+    /// change the key's value once anybody queues behind the holder, so the command deletes
+    /// only when there is nobody to notify. `None` (the default): always the release call.
+    fn plain_release_key(&self, keys: &LockKeys) -> Option<Bytes> {
+        let _ = keys;
+        None
+    }
     /// Which kind of lock this is, for reentrancy: a reentrant call runs at once only under a
     /// hold of the same kind on the same key. Distinct rules types differ by default; override
     /// it when one type states several kinds (say, shared and exclusive).

@@ -35,6 +35,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local holders = {}
 for i = 1, #KEYS, 5 do
   local holder = redis.call('GET', KEYS[i])
+  if holder == ARGV[1] .. '+' then
+    holder = ARGV[1]
+  end
   if holder and holder ~= ARGV[1] then
     return {0, redis.call('PTTL', KEYS[i])}
   end
@@ -71,11 +74,12 @@ return {1, report}
 /// each key that still holds this token and publishes the live head of its mutex waiter queue on
 /// its channel (`SPUBLISH` under `pcall`, as the mutex's release does). Replies 1 if any key was
 /// released, else 0.
-const RELEASE_ALL: &str = r"
+pub(super) const RELEASE_ALL: &str = r"
 local released = 0
 local now
 for i = 1, #KEYS, 5 do
-  if redis.call('GET', KEYS[i]) == ARGV[1] then
+  local holder = redis.call('GET', KEYS[i])
+  if holder == ARGV[1] or holder == ARGV[1] .. '+' then
     released = released + redis.call('DEL', KEYS[i])
     local head = redis.call('LINDEX', KEYS[i + 2], 0)
     if head then
@@ -100,7 +104,8 @@ return 0
 const SHORTEN_ALL: &str = r"
 local kept = 0
 for i = 1, #KEYS, 5 do
-  if redis.call('GET', KEYS[i]) == ARGV[1] then
+  local holder = redis.call('GET', KEYS[i])
+  if holder == ARGV[1] or holder == ARGV[1] .. '+' then
     kept = kept + redis.call('PEXPIRE', KEYS[i], ARGV[2])
   end
 end

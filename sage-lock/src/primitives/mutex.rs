@@ -62,6 +62,11 @@ pub(super) const SINCE_HORIZON_MS: i64 = 315_360_000_000;
 ///
 /// Grants (`SET NX PX` + `INCR` fence) only when the lock is free and the queue's live head is
 /// this token or nobody; a busy waiting caller joins the queue's tail (or refreshes its place).
+/// The lock's value is the holder's token, with the queued mark `+` appended once anybody
+/// queued behind it (at the grant, or since): a holder whose value is unmarked has nobody to
+/// notify, so its release may be a plain `DELIFEQ key token` (which then finds no match once
+/// marked). Every script that checks the holder (release, shorten, renewal, the multi-key
+/// scripts) accepts the token with or without the mark.
 /// Replies `{1, fence}` when granted (also when the key already holds this token, so a retry
 /// after an unknown outcome is safe), or `{0, ms}`: the holder's PTTL, or when free, how long the
 /// live head's place lasts.
@@ -81,17 +86,24 @@ if (not head) or head == ARGV[1] then
     if head then
       redis.call('LPOP', KEYS[3])
       redis.call('ZREM', KEYS[4], head)
+      if redis.call('LLEN', KEYS[3]) > 0 then
+        redis.call('SET', KEYS[1], ARGV[1] .. '+', 'KEEPTTL')
+      end
     end
     redis.call('SET', KEYS[5], '', 'PX', '315360000000')
     return {1, redis.call('INCR', KEYS[2])}
   end
 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] or holder == ARGV[1] .. '+' then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
 local ttl = tonumber(ARGV[3])
 if ttl > 0 then
+  if holder and string.sub(holder, -1) ~= '+' then
+    redis.call('SET', KEYS[1], holder .. '+', 'KEEPTTL')
+  end
   if not now then
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -120,7 +132,8 @@ return {0, pttl}
 const RELEASE: &str = concat!(
     r"
 local released = 0
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] or holder == ARGV[1] .. '+' then
   -- A holder is never queued (a grant takes it out of the queue).
   redis.call('DEL', KEYS[1])
   released = 1
@@ -151,7 +164,8 @@ return released
 /// Shorten (the minimum hold): `PEXPIRE` to the remainder only while the key still holds this
 /// token. Replies 1 or 0.
 const SHORTEN: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] or holder == ARGV[1] .. '+' then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
@@ -245,6 +259,10 @@ impl Rules for MutexRules {
 
     fn notifies(&self) -> bool {
         true
+    }
+
+    fn plain_release_key(&self, keys: &LockKeys) -> Option<Bytes> {
+        Some(keys.lock.clone())
     }
 }
 
@@ -426,6 +444,16 @@ mod tests {
             "{}",
             std::mem::size_of_val(&trying)
         );
+    }
+
+    #[test]
+    fn holder_checks_accept_the_queued_mark() {
+        let marked = "holder == ARGV[1] or holder == ARGV[1] .. '+'";
+        for script in [RELEASE, SHORTEN, super::super::multi::RELEASE_ALL] {
+            assert!(script.contains(marked), "{script}");
+        }
+        assert!(ACQUIRE.contains(marked) && ACQUIRE.contains("holder .. '+', 'KEEPTTL'"));
+        assert!(super::super::multi::ACQUIRE_ALL.contains("holder == ARGV[1] .. '+'"));
     }
 
     #[test]

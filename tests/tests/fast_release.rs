@@ -1,0 +1,129 @@
+//! The uncontended release: where the server has `DELIFEQ` (Valkey 9), a hold granted without
+//! waiting is released with that one native command; once a waiter queues behind the holder the
+//! lock's value carries the queued mark, `DELIFEQ` finds no match, and the release script hands
+//! off and notifies as before. Redis 7 has no `DELIFEQ`: the script every time.
+
+use std::time::{Duration, Instant};
+
+use harness::{Server, ServerKind, commandstats_calls};
+use sage_lock::{LockClient, LockOptions, Locks};
+
+fn locks(client: &LockClient, ns: &str, lease: Duration) -> Locks<str> {
+    client
+        .lock_with(LockOptions::new().namespace(ns).lease(lease))
+        .expect("options")
+}
+
+/// 50 uncontended cycles: one `DELIFEQ` per release on Valkey (and one script call per
+/// acquisition), two script calls per cycle on Redis; no key is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_releases_use_delifeq_where_the_server_has_it() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks = locks(&client, "fast", Duration::from_secs(10));
+        // Warm up: loads the scripts and asks once whether DELIFEQ exists.
+        locks
+            .with_lock("warm", Duration::from_secs(2), async {})
+            .await
+            .expect("warm-up");
+        server.cmd_ok(&["CONFIG", "RESETSTAT"]);
+        for i in 0..50 {
+            locks
+                .with_lock(&format!("k{i}"), Duration::from_secs(2), async {})
+                .await
+                .expect("uncontended cycle");
+        }
+        let port = server.port();
+        let (delifeq, evalsha) = (
+            commandstats_calls(port, "delifeq"),
+            commandstats_calls(port, "evalsha"),
+        );
+        println!("{}: {delifeq} DELIFEQ, {evalsha} EVALSHA", kind.name());
+        match kind {
+            ServerKind::Valkey => {
+                assert_eq!(
+                    (delifeq, evalsha),
+                    (50, 50),
+                    "valkey: one DELIFEQ per release"
+                );
+            }
+            ServerKind::Redis => {
+                assert_eq!((delifeq, evalsha), (0, 100), "redis: the release script");
+            }
+        }
+        let left = server.cmd_ok(&["KEYS", "{fast:*"]);
+        let left = match left {
+            harness::Reply::Array(keys) => keys
+                .iter()
+                .filter_map(|k| k.as_str().map(str::to_owned))
+                .filter(|k| !k.ends_with(":fence") && !k.ends_with(":since"))
+                .collect::<Vec<_>>(),
+            other => panic!("KEYS: {other:?}"),
+        };
+        assert!(left.is_empty(), "{}: left {left:?}", kind.name());
+        client.quit().await;
+    }
+}
+
+/// A waiter in another client queues behind a holder that was granted without waiting: the
+/// lock's value gets the queued mark, the holder's renewals of the marked value keep working, and
+/// its release still hands off at once (a notification, not the waiter's next poll, which is up
+/// to 500 ms away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_queued_behind_an_uncontended_holder_is_handed_the_lock_at_once() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let (a, b) = (
+            LockClient::connect(&server.url()).await.expect("connect a"),
+            LockClient::connect(&server.url()).await.expect("connect b"),
+        );
+        let ns = format!("handoff-{}", rand::random::<u32>());
+        // A 1.5 s lease held for 1.5 s: renewed (at 0.5 s and 1 s) while the value is marked.
+        let (holder, waiter) = (
+            locks(&a, &ns, Duration::from_millis(1500)),
+            locks(&b, &ns, Duration::from_secs(5)),
+        );
+        let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+        let holding = tokio::spawn(async move {
+            holder
+                .with_lock("k", Duration::from_secs(2), async move {
+                    let _ = held_tx.send(sage_lock::current_lease().map(|l| l.fencing_token()));
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                    Instant::now()
+                })
+                .await
+        });
+        held_rx.await.expect("held");
+        let waiting = tokio::spawn(async move {
+            waiter
+                .with_lock("k", Duration::from_secs(5), async { Instant::now() })
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let value = server.cmd_ok(&["GET", &format!("{{{ns}:k}}")]);
+        let value = value.as_str().unwrap_or_default().to_owned();
+        assert!(
+            value.len() == 33 && value.ends_with('+'),
+            "{}: a queued waiter marks the holder's value: {value:?}",
+            kind.name()
+        );
+        let released = holding
+            .await
+            .expect("holder task")
+            .expect("the holder kept its lock while marked (renewals worked)");
+        let granted = waiting
+            .await
+            .expect("waiter task")
+            .expect("the waiter gets the lock");
+        let gap = granted.saturating_duration_since(released);
+        println!("{}: hand-off {gap:?} after the body ended", kind.name());
+        assert!(
+            gap < Duration::from_millis(200),
+            "{}: the waiter waited {gap:?} after the release (its poll, not a notification)",
+            kind.name()
+        );
+        a.quit().await;
+        b.quit().await;
+    }
+}
