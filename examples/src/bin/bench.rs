@@ -56,10 +56,11 @@ const LEASE: Duration = Duration::from_secs(10);
 const PRIMITIVE_TASKS: usize = 8;
 
 /// Commands sage-lock's scripts run inside the server (`INFO commandstats` counts them too).
-/// Every command sage-lock sends is a script (`EVALSHA`, `EVAL` after `NOSCRIPT`).
+/// Every command sage-lock sends is a script (`EVALSHA`, `EVAL` after `NOSCRIPT`), except the
+/// uncontended release on Valkey 9, which is `DELIFEQ` itself.
 const SAGE_NESTED: &[&str] = &[
-    "set", "incr", "get", "pexpire", "pttl", "del", "lindex", "lpop", "rpush", "lrem", "zadd",
-    "zrem", "zscore", "exists", "time", "spublish",
+    "set", "incr", "get", "pexpire", "pttl", "del", "lindex", "llen", "lpop", "rpush", "lrem",
+    "zadd", "zrem", "zscore", "exists", "time", "spublish",
 ];
 /// Commands rslock's scripts (unlock, extend) run inside the server; its `SET NX` is sent itself.
 const RSLOCK_NESTED: &[&str] = &["get", "del", "pexpire"];
