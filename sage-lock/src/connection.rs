@@ -203,7 +203,8 @@ impl Connection {
     /// `deadline`: `Some(true)` when it deleted the key, `Some(false)` when the key held another
     /// value (or none), `None` when it cannot tell (no such command, a replicated deployment,
     /// which needs the checked path, or a failure), so the caller falls back to its script.
-    /// Whether the server has the command is asked once (`COMMAND INFO DELIFEQ`).
+    /// Whether the server has the command is asked once (`INFO server`: Valkey 9 or later); a
+    /// refused `DELIFEQ` (an ACL without `+delifeq`) turns the fast path off for this client.
     pub(crate) async fn delete_if_equal(
         &self,
         key: &fred::bytes::Bytes,
@@ -219,24 +220,15 @@ impl Connection {
             return None;
         }
         if known == DELIFEQ_UNKNOWN {
-            let command = fred::types::CustomCommand::new_static(
-                "COMMAND",
-                fred::types::ClusterHash::Random,
-                false,
-            );
+            // Valkey 9 has it (Redis 7 has not): asked once through `INFO server`, which every
+            // deployment allows. Any failure counts as absent: the script always works.
             let asked = tokio::time::timeout_at(
                 deadline,
-                self.fred.custom::<Value, Value>(
-                    command,
-                    vec![Value::from("INFO"), Value::from("DELIFEQ")],
-                ),
+                self.fred
+                    .info::<String>(Some(fred::types::InfoKind::Server)),
             )
             .await;
-            // `[nil]` when the server has no such command; a failure asks again next time.
-            let Ok(Ok(Value::Array(info))) = asked else {
-                return None;
-            };
-            let present = info.first().is_some_and(|entry| !entry.is_null());
+            let present = matches!(&asked, Ok(Ok(info)) if has_delifeq(info));
             let state = if present {
                 DELIFEQ_PRESENT
             } else {
@@ -257,9 +249,23 @@ impl Connection {
             .await
         {
             Ok(Ok(reply)) => reply.as_i64().map(|deleted| deleted == 1),
-            _ => None,
+            Ok(Err(error)) => {
+                // Denied by an ACL (or otherwise refused): stop trying; the script works.
+                tracing::debug!(%error, "DELIFEQ failed; releases use the script from now on");
+                self.delifeq.store(DELIFEQ_ABSENT, Ordering::Release);
+                None
+            }
+            Err(_) => None,
         }
     }
+}
+
+/// Whether `INFO server` text comes from a server with `DELIFEQ` (Valkey 9 or later).
+fn has_delifeq(info: &str) -> bool {
+    info.lines()
+        .find_map(|line| line.trim().strip_prefix("valkey_version:"))
+        .and_then(|version| version.split('.').next()?.parse::<u32>().ok())
+        .is_some_and(|major| major >= 9)
 }
 
 /// Why a single server operation did not produce an answer.
@@ -475,4 +481,19 @@ pub(crate) const DEADLINE_REACHED: &str = "no reply before the deadline";
 
 fn timeout_error() -> Error {
     Error::new(fred::error::ErrorKind::Timeout, DEADLINE_REACHED)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_delifeq;
+
+    #[test]
+    fn delifeq_comes_with_valkey_9() {
+        assert!(has_delifeq(
+            "# Server\r\nredis_version:7.2.4\r\nvalkey_version:9.1.2\r\n"
+        ));
+        assert!(has_delifeq("valkey_version:10.0.0"));
+        assert!(!has_delifeq("valkey_version:8.1.0\r\n"));
+        assert!(!has_delifeq("# Server\r\nredis_version:7.0.15\r\n"));
+    }
 }

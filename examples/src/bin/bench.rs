@@ -59,8 +59,8 @@ const PRIMITIVE_TASKS: usize = 8;
 /// Every command sage-lock sends is a script (`EVALSHA`, `EVAL` after `NOSCRIPT`), except the
 /// uncontended release on Valkey 9, which is `DELIFEQ` itself.
 const SAGE_NESTED: &[&str] = &[
-    "set", "incr", "get", "pexpire", "pttl", "del", "lindex", "llen", "lpop", "rpush", "lrem",
-    "zadd", "zrem", "zscore", "exists", "time", "spublish",
+    "set", "incr", "get", "pexpire", "pttl", "del", "lindex", "lpop", "rpush", "lrem", "zadd",
+    "zrem", "zscore", "exists", "time", "spublish",
 ];
 /// Commands rslock's scripts (unlock, extend) run inside the server; its `SET NX` is sent itself.
 const RSLOCK_NESTED: &[&str] = &["get", "del", "pexpire"];

@@ -86,7 +86,7 @@ if (not head) or head == ARGV[1] then
     if head then
       redis.call('LPOP', KEYS[3])
       redis.call('ZREM', KEYS[4], head)
-      if redis.call('LLEN', KEYS[3]) > 0 then
+      if redis.call('LINDEX', KEYS[3], 0) then
         redis.call('SET', KEYS[1], ARGV[1] .. '+', 'KEEPTTL')
       end
     end

@@ -88,6 +88,21 @@ impl User {
     }
 }
 
+/// The README's addition for Valkey 9: `+delifeq` (Redis 7 has no such command and would refuse
+/// the rule), for one-command uncontended releases on standalone servers.
+pub const VALKEY_EXTRA: &str = "+delifeq";
+
+/// Adds [`VALKEY_EXTRA`] to the rule on Valkey servers.
+fn valkey_extras(servers: &[&Server]) -> impl Fn(Vec<String>) -> Vec<String> {
+    let valkey = servers.iter().any(|s| s.kind() == ServerKind::Valkey);
+    move |mut rule: Vec<String>| {
+        if valkey {
+            rule.push(VALKEY_EXTRA.to_owned());
+        }
+        rule
+    }
+}
+
 pub(crate) fn without(words: &[&str]) -> impl Fn(Vec<String>) -> Vec<String> {
     let words: Vec<String> = words.iter().map(|w| (*w).to_owned()).collect();
     move |rule: Vec<String>| rule.into_iter().filter(|w| !words.contains(w)).collect()
@@ -101,13 +116,17 @@ fn readme_documents_the_tested_rule() {
         readme.contains(&documented),
         "README.md must contain the tested ACL rule verbatim:\n{documented}"
     );
+    assert!(
+        readme.contains(&format!("`{VALKEY_EXTRA}`")),
+        "README.md must name the Valkey addition {VALKEY_EXTRA}"
+    );
 }
 
 /// Every operation, as the documented user on `servers` (reached through `url`): nothing is
 /// denied (the ACL logs stay empty, so the release notifications were not silently replaced by
 /// polling either).
 async fn every_operation(servers: &[&Server], url: &str, replicated: bool) {
-    let user = User::on(servers, url, |rule| rule);
+    let user = User::on(servers, url, valkey_extras(servers));
     let client = user.client(replicated).await;
     let lease = Duration::from_millis(300);
     let locks: Locks<str> = client.lock_with(user.options(lease)).expect("options");
