@@ -53,7 +53,9 @@ impl LockClient {
     /// Sentinel or cluster settings), its connection settings (connect timeout, TCP options, ...)
     /// and its performance settings. Enforced whatever `client` says, because lock safety relies
     /// on them: fred never re-sends a command (`max_command_attempts = 1`; a replayed `WAIT`
-    /// would fake an acknowledgement), it reconnects forever (20 ms doubling to 1 s), also after
+    /// would fake an acknowledgement) nor follows a cluster redirection (`max_redirections = 0`:
+    /// the lock layer re-runs a redirected script with its checks on the right node), it
+    /// reconnects forever (20 ms doubling to 1 s), also after
     /// `READONLY` and `MASTERDOWN` replies, and commands time out after 5 s. The lock client
     /// opens connections of its own (`client` is left untouched) and closes them when its last
     /// clone is dropped. The deployment is read from the configuration; to declare a plain
@@ -411,8 +413,10 @@ fn build_fred(
     mut perf: fred::types::config::PerformanceConfig,
     settings: &LockClientBuilder,
 ) -> Result<Client, Error> {
-    // The lock layer owns retries: fred must never re-send a command on its own.
+    // The lock layer owns retries: fred must never re-send a command on its own, nor follow a
+    // cluster redirection (it would split a script from its ROLE/WAIT checks; see redirect.rs).
     connection.max_command_attempts = 1;
+    connection.max_redirections = 0;
     connection.connection_timeout = settings.connect_timeout;
     connection.internal_command_timeout = settings.command_timeout;
     // A demoted primary answers READONLY without dropping the connection: reconnect (through

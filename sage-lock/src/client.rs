@@ -158,7 +158,10 @@ impl LockClient {
         self.inner.conn.deployment
     }
 
-    /// The underlying fred client (shared connection), for commands of your own.
+    /// The underlying fred client (shared connection), for commands of your own. It has the
+    /// settings of [`LockClient::from_fred`]: in a cluster, a `MOVED` or `ASK` reply comes back
+    /// as an error (`ErrorKind::Routing`, after fred refreshed its routing for `MOVED`) instead
+    /// of being followed.
     #[must_use]
     pub fn fred(&self) -> &Client {
         &self.inner.conn.fred

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use crate::observe::Stats;
 use crate::pool::{DedicatedPool, Link, Loan, PoolError, close_in_background};
+use crate::redirect;
 use crate::replicas::ReplicaHints;
 use crate::retry::deadline_after;
 use crate::scripts::{ScriptCall, is_noscript};
@@ -464,15 +465,24 @@ fn judge(
     (checked.reply, ack, node)
 }
 
-/// `EVALSHA` on the shared connection, `EVAL` after `NOSCRIPT`.
+/// `EVALSHA` on `fred`, `EVAL` after `NOSCRIPT`; after `MOVED` (the script did not run) again
+/// on the slot's new owner (see [`crate::redirect`]).
 async fn run_plain(fred: &Client, call: &ScriptCall<'_>) -> Result<Value, Error> {
-    let (cmd, args) = call.command(false);
-    match fred.custom::<Value, Value>(cmd, args).await {
-        Err(error) if is_noscript(&error) => {
-            let (cmd, args) = call.command(true);
-            fred.custom(cmd, args).await
+    let (mut use_source, mut redirections) = (false, 0);
+    loop {
+        let node = redirect::owner(fred, call.slot);
+        let (cmd, args) = call.command(use_source);
+        match fred.custom::<Value, Value>(cmd, args).await {
+            Err(error) if is_noscript(&error) && !use_source => use_source = true,
+            Err(error) if redirect::is_redirection(&error) => {
+                redirections += 1;
+                if redirections > redirect::MAX_REDIRECTIONS {
+                    return Err(error);
+                }
+                redirect::after_redirection(fred, call.slot, node.as_ref())?;
+            }
+            other => return other,
         }
-        other => other,
     }
 }
 

@@ -85,8 +85,9 @@
 #![warn(missing_docs)]
 
 // Layers, bottom to top (each module imports only from layers below it):
-//   utilities:   error, key, lease, observe, retry, scripts, replicas, topology, url, duration, options,
-//                profile (named options: data, environment overrides, the installed set)
+//   utilities:   error, key, lease, observe, retry, scripts, replicas, redirect, topology, url,
+//                duration, options, profile (named options: data, environment overrides, the
+//                installed set)
 //   connection:  pool, connection (shared client, dedicated pool, checked script runs)
 //   engine:      renewal, engine (acquire → hold → release, generic over a primitive's Rules)
 //   primitives:  primitives::* (each states its scripts and rules)
@@ -110,6 +111,7 @@ mod options;
 mod pool;
 mod primitives;
 mod profile;
+mod redirect;
 mod renewal;
 mod replicas;
 mod retry;

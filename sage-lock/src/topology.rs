@@ -8,10 +8,11 @@ use tokio::time::Instant;
 
 use fred::clients::Client;
 use fred::error::{Error, ErrorKind};
-use fred::interfaces::{ClientLike, ClusterInterface};
+use fred::interfaces::ClientLike;
 use fred::types::config::{Server, ServerConfig};
 use fred::types::{ClusterHash, CustomCommand, Value};
 
+use crate::redirect::{MAX_REDIRECTIONS, after_redirection, is_redirected, owner};
 use crate::replicas::ReplicaHints;
 use crate::scripts::{ScriptCall, is_noscript};
 
@@ -93,8 +94,7 @@ pub(crate) struct Checked {
 /// replica count is not taken for the old primary's.
 fn primary_of(conn: &Client, slot: u16) -> Option<Server> {
     if conn.is_clustered() {
-        conn.cached_cluster_state()
-            .and_then(|routing| routing.get_server(slot).cloned())
+        owner(conn, slot)
     } else {
         conn.active_connections().into_iter().next()
     }
@@ -123,6 +123,11 @@ fn wait_millis(timeout: Duration) -> i64 {
 /// token), so the write and its `WAIT` always travel together on one connection and a reconnect
 /// in between cannot fake an acknowledgement.
 ///
+/// In a cluster, fred follows no redirection (see [`crate::redirect`]): when the script is
+/// redirected it did not run, and `ROLE`/`WAIT` judged the wrong node; the whole pipeline then
+/// runs again on the slot's new owner (`MOVED`), or the call fails with a transient error
+/// while the slot is migrating (`ASK`). So the write, `ROLE` and `WAIT` always ran on one node.
+///
 /// `acknowledged` is only meaningful when the script wrote.
 pub(crate) async fn run_checked(
     conn: &Client,
@@ -132,7 +137,7 @@ pub(crate) async fn run_checked(
 ) -> Result<Checked, Error> {
     let slot = call.slot;
     let mut use_source = false;
-    let mut rounds = 0;
+    let (mut rounds, mut redirections) = (0, 0);
     loop {
         rounds += 1;
         let node = primary_of(conn, slot);
@@ -150,7 +155,21 @@ pub(crate) async fn run_checked(
                 .custom(slot_command("WAIT", slot), wait_args)
                 .await?;
         }
-        let mut results = pipeline.try_all::<Value>().await.into_iter();
+        let results = pipeline.try_all::<Value>().await;
+        // fred fails the whole pipeline on a redirection; only the script's can be one.
+        if results.iter().any(is_redirected) {
+            redirections += 1;
+            if redirections > MAX_REDIRECTIONS {
+                return Err(Error::new(
+                    ErrorKind::Routing,
+                    "too many cluster redirections",
+                ));
+            }
+            after_redirection(conn, slot, node.as_ref())?;
+            rounds -= 1;
+            continue;
+        }
+        let mut results = results.into_iter();
         let role = parse_role(next(&mut results)?)?;
         let reply = match next(&mut results) {
             Err(error) if is_noscript(&error) && !use_source => {
