@@ -194,7 +194,8 @@ impl LockClient {
     }
 
     /// Borrows a connection from the dedicated pool (shared with replica-acknowledged lock
-    /// operations), waiting at most `timeout` for a free one.
+    /// operations), waiting at most `timeout` for a free one. It has the settings of
+    /// [`LockClient::fred`] (in a cluster, `MOVED`/`ASK` come back as errors).
     ///
     /// ```no_run
     /// # async fn demo(client: sage_lock::LockClient) -> Result<(), sage_lock::LockError> {
