@@ -55,8 +55,8 @@ impl LockClient {
     /// on them: fred never re-sends a command (`max_command_attempts = 1`; a replayed `WAIT`
     /// would fake an acknowledgement) nor follows a cluster redirection (`max_redirections = 0`:
     /// the lock layer re-runs a redirected script with its checks on the right node), it
-    /// reconnects forever (20 ms doubling to 1 s), also after
-    /// `READONLY` and `MASTERDOWN` replies, and commands time out after 5 s. The lock client
+    /// reconnects forever (20 ms doubling to 1 s), also after `READONLY` and `MASTERDOWN`
+    /// replies, and commands time out after 5 s. The lock client
     /// opens connections of its own (`client` is left untouched) and closes them when its last
     /// clone is dropped. The deployment is read from the configuration; to declare a plain
     /// server replicated, use `LockClient::builder().fred_client(&client).replicated(true)`.
