@@ -88,3 +88,76 @@ fn service_example_profiles_file_is_valid() {
         assert!(profile.wait.is_some(), "{name} sets a wait");
     }
 }
+
+/// A profile's minimum hold and reentrancy reach the lock: the key outlives the body for the
+/// rest of the minimum hold, and a nested call for the held key runs at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn profile_hold_at_least_and_reentrant_apply() {
+    use std::time::{Duration, Instant};
+
+    #[derive(serde::Deserialize)]
+    struct Config {
+        lock_profiles: sage_lock::Profiles,
+    }
+    let config: Config = toml::from_str(
+        r#"
+        [lock_profiles.nightly]
+        namespace = "profile-hold"
+        lease = "5s"
+        hold_at_least = "1500ms"
+        reentrant = true
+        "#,
+    )
+    .expect("valid profiles");
+    let profile = config.lock_profiles.get("nightly").expect("profile");
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let client = sage_lock::LockClient::connect(&server.url())
+            .await
+            .expect("connect");
+        let key = format!("job-{}", rand::random::<u32>());
+        let locks = client
+            .lock_with::<str>(profile.options())
+            .expect("profile options");
+        let started = Instant::now();
+        let nested = locks
+            .with_lock(&key, Duration::from_secs(2), async {
+                // Reentrant: the held lock's body runs at once, under the same fencing token.
+                let outer = sage_lock::current_lease().map(|l| l.fencing_token());
+                let inner = locks
+                    .with_lock(&key, Duration::from_millis(100), async {
+                        sage_lock::current_lease().map(|l| l.fencing_token())
+                    })
+                    .await
+                    .expect("nested call under the held lock");
+                (outer, inner)
+            })
+            .await
+            .expect("outer call");
+        assert_eq!(nested.0, nested.1, "{}: same lease inside", kind.name());
+        assert!(
+            locks.is_locked(&key).await.expect("is_locked"),
+            "{}: the minimum hold keeps the key after the body",
+            kind.name()
+        );
+        let busy = locks.try_with_lock(&key, async {}).await.expect("try");
+        assert!(
+            busy.is_none(),
+            "{}: still held for the minimum hold",
+            kind.name()
+        );
+        // Free once the minimum hold has passed.
+        let freed = loop {
+            if !locks.is_locked(&key).await.expect("is_locked") {
+                break started.elapsed();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(
+            freed >= Duration::from_millis(1400) && freed < Duration::from_secs(4),
+            "{}: freed after {freed:?}",
+            kind.name()
+        );
+        client.quit().await;
+    }
+}

@@ -24,6 +24,10 @@ struct ProfileFields {
     namespace: Option<String>,
     #[serde(default, alias = "replica_ack")]
     replica_acknowledgement: Option<bool>,
+    #[serde(default, deserialize_with = "duration")]
+    hold_at_least: Option<Duration>,
+    #[serde(default)]
+    reentrant: Option<bool>,
 }
 
 /// The fields of [`LockOptions`] as written in a configuration file.
@@ -36,10 +40,14 @@ struct OptionsFields {
     namespace: Option<String>,
     #[serde(default, alias = "replica_ack")]
     replica_acknowledgement: Option<bool>,
+    #[serde(default, deserialize_with = "duration")]
+    hold_at_least: Option<Duration>,
+    #[serde(default)]
+    reentrant: Option<bool>,
 }
 
 /// `lease = "10s"`, `wait = "2s"`, `namespace = "..."`, `replica_acknowledgement = false`
-/// (alias `replica_ack`); every field optional. Ranges are checked when the profiles are
+/// (alias `replica_ack`), `hold_at_least = "9s"`, `reentrant = true`; every field optional. Ranges are checked when the profiles are
 /// deserialized as [`Profiles`] or installed.
 impl<'de> Deserialize<'de> for Profile {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -49,6 +57,8 @@ impl<'de> Deserialize<'de> for Profile {
             wait: fields.wait,
             namespace: fields.namespace,
             replica_acknowledgement: fields.replica_acknowledgement,
+            hold_at_least: fields.hold_at_least,
+            reentrant: fields.reentrant,
         })
     }
 }
@@ -64,7 +74,7 @@ impl<'de> Deserialize<'de> for Profiles {
 }
 
 /// `lease = "10s"`, `namespace = "..."`, `replica_acknowledgement = false` (alias
-/// `replica_ack`); every field optional, checked as [`LockOptions`]'s setters document.
+/// `replica_ack`), `hold_at_least = "9s"`, `reentrant = true`; every field optional, checked as [`LockOptions`]'s setters document.
 impl<'de> Deserialize<'de> for LockOptions {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let fields = OptionsFields::deserialize(deserializer)?;
@@ -79,6 +89,12 @@ impl<'de> Deserialize<'de> for LockOptions {
         }
         if let Some(on) = fields.replica_acknowledgement {
             options = options.replica_acknowledgement(on);
+        }
+        if let Some(hold) = fields.hold_at_least {
+            options = options.hold_at_least(hold);
+        }
+        if let Some(on) = fields.reentrant {
+            options = options.reentrant(on);
         }
         Ok(options)
     }
@@ -131,6 +147,10 @@ mod tests {
 
             [reports]
             replica_ack = false
+
+            [nightly]
+            hold_at_least = "9s"
+            reentrant = true
             "#,
         )
         .expect("valid");
@@ -145,6 +165,12 @@ mod tests {
                         .namespace("accounts")
                 )
                 .with("reports", Profile::new().replica_acknowledgement(false))
+                .with(
+                    "nightly",
+                    Profile::new()
+                        .hold_at_least(Duration::from_secs(9))
+                        .reentrant(true)
+                )
         );
     }
 

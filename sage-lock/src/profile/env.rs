@@ -1,5 +1,6 @@
 //! Environment overrides of profiles, for twelve-factor deployments:
-//! `SAGE_LOCK_PROFILE_<NAME>_LEASE=10s`, `_WAIT`, `_NAMESPACE`, `_REPLICA_ACK`, where `<NAME>` is
+//! `SAGE_LOCK_PROFILE_<NAME>_LEASE=10s`, `_WAIT`, `_NAMESPACE`, `_REPLICA_ACK`, `_HOLD_AT_LEAST`,
+//! `_REENTRANT`, where `<NAME>` is
 //! the profile name upper-cased with `-` and `.` turned into `_`. An override beats the value
 //! from the configuration; an argument written in `#[locked(...)]` beats both.
 
@@ -13,7 +14,14 @@ use crate::duration::parse_millis;
 pub(crate) const PREFIX: &str = "SAGE_LOCK_PROFILE_";
 
 /// The settings that can be overridden, as they appear at the end of a variable's name.
-const SETTINGS: [&str; 4] = ["LEASE", "WAIT", "NAMESPACE", "REPLICA_ACK"];
+const SETTINGS: [&str; 6] = [
+    "LEASE",
+    "WAIT",
+    "NAMESPACE",
+    "REPLICA_ACK",
+    "HOLD_AT_LEAST",
+    "REENTRANT",
+];
 
 /// `SAGE_LOCK_PROFILE_<NAME>_<SETTING>`.
 pub(crate) fn variable(name: &str, setting: &str) -> String {
@@ -69,6 +77,8 @@ fn set(profile: &mut Profile, setting: &str, value: &str) -> Result<(), String> 
         "LEASE" => profile.lease = Some(duration(value)?),
         "WAIT" => profile.wait = Some(duration(value)?),
         "NAMESPACE" => profile.namespace = Some(value.to_owned()),
+        "HOLD_AT_LEAST" => profile.hold_at_least = Some(duration(value)?),
+        "REENTRANT" => profile.reentrant = Some(flag(value)?),
         _ => profile.replica_acknowledgement = Some(flag(value)?),
     }
     Ok(())
@@ -141,6 +151,8 @@ mod tests {
                 ("SAGE_LOCK_PROFILE_ACCOUNT_UPDATES_WAIT", " 1m30s "),
                 ("SAGE_LOCK_PROFILE_ACCOUNT_UPDATES_NAMESPACE", "env"),
                 ("SAGE_LOCK_PROFILE_ACCOUNT_UPDATES_REPLICA_ACK", "off"),
+                ("SAGE_LOCK_PROFILE_ACCOUNT_UPDATES_HOLD_AT_LEAST", "9s"),
+                ("SAGE_LOCK_PROFILE_ACCOUNT_UPDATES_REENTRANT", "yes"),
             ]),
         )
         .expect("valid overrides");
@@ -148,7 +160,9 @@ mod tests {
             .lease(Duration::from_secs(10))
             .wait(Duration::from_secs(90))
             .namespace("env")
-            .replica_acknowledgement(false);
+            .replica_acknowledgement(false)
+            .hold_at_least(Duration::from_secs(9))
+            .reentrant(true);
         assert_eq!(profiles.get("account-updates"), Some(&expected));
     }
 

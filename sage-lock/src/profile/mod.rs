@@ -36,6 +36,10 @@ pub struct Profile {
     pub namespace: Option<String>,
     /// Whether replicated deployments wait for replicas to acknowledge (`WAIT`).
     pub replica_acknowledgement: Option<bool>,
+    /// The minimum hold ([`LockOptions::hold_at_least`]).
+    pub hold_at_least: Option<Duration>,
+    /// Whether a nested call runs under the lock its task holds ([`LockOptions::reentrant`]).
+    pub reentrant: Option<bool>,
 }
 
 impl Profile {
@@ -73,6 +77,20 @@ impl Profile {
         self
     }
 
+    /// Sets the minimum hold.
+    #[must_use]
+    pub fn hold_at_least(mut self, hold_at_least: Duration) -> Self {
+        self.hold_at_least = Some(hold_at_least);
+        self
+    }
+
+    /// Sets reentrancy.
+    #[must_use]
+    pub fn reentrant(mut self, on: bool) -> Self {
+        self.reentrant = Some(on);
+        self
+    }
+
     /// The lock options this profile sets (the wait is not an option of a lock family: pass it
     /// to [`Locks::with_lock`](crate::Locks::with_lock)).
     ///
@@ -94,6 +112,12 @@ impl Profile {
         }
         if let Some(on) = self.replica_acknowledgement {
             options = options.replica_acknowledgement(on);
+        }
+        if let Some(hold) = self.hold_at_least {
+            options = options.hold_at_least(hold);
+        }
+        if let Some(on) = self.reentrant {
+            options = options.reentrant(on);
         }
         options
     }
