@@ -558,17 +558,26 @@ pub async fn rw_readers_share_writers_exclude(target: &Target) {
 }
 
 /// A writer waiting behind a continuous stream of overlapping readers gets in within its wait;
-/// readers that arrive while it waits queue behind it.
+/// readers that arrive while it waits queue behind it (the writer's intent). The 4 readers use
+/// clients of their own and start 10 ms apart, so at every instant at least 3 of them hold the
+/// lock: without the intent the writer never finds the lock free (checked by switching it off).
 pub async fn rw_writer_not_starved_by_readers(target: &Target) {
     let client = target.client().await;
+    let ns = target.ns("rw-starve");
     let rw: RwLocks<str> = client
-        .rw_lock_with(LockOptions::new().namespace(target.ns("rw-starve")))
+        .rw_lock_with(LockOptions::new().namespace(ns.clone()))
         .expect("opts");
     let stop = Arc::new(AtomicBool::new(false));
     let mut readers = Vec::new();
-    for _ in 0..4 {
-        let (rw, stop) = (rw.clone(), stop.clone());
+    for i in 0..4_u64 {
+        let reader_client = target.client().await;
+        let rw: RwLocks<str> = reader_client
+            .rw_lock_with(LockOptions::new().namespace(ns.clone()))
+            .expect("opts");
+        let stop = stop.clone();
         readers.push(tokio::spawn(async move {
+            let _client = reader_client;
+            tokio::time::sleep(Duration::from_millis(10 * i)).await;
             while !stop.load(Ordering::SeqCst) {
                 let _ = rw
                     .read(
