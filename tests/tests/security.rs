@@ -75,7 +75,8 @@ async fn connect_fails(builder: sage_lock::LockClientBuilder) -> (LockError, Dur
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_verified_server_serves_every_lock_operation() {
     let client = tls_client().await;
-    let locks = family(&client, "tls", Duration::from_millis(200));
+    // A 1 s lease (renewed every ~333 ms): generous on a loaded machine, short next to the bodies.
+    let locks = family(&client, "tls", Duration::from_secs(1));
 
     let out = locks
         .with_lock("a", Duration::from_secs(2), async { 7 })
@@ -84,11 +85,11 @@ async fn tls_verified_server_serves_every_lock_operation() {
     assert_eq!(out, 7);
     assert!(!locks.is_locked("a").await.expect("is_locked over TLS"));
 
-    // Renewal keeps a 200 ms lease alive for 1 s; busy tries see it held; release frees it.
+    // Renewal keeps the 1 s lease alive for 2 s; busy tries see it held; release frees it.
     let held = locks.with_lock("b", Duration::from_secs(2), async {
         let mut busy = 0;
         for _ in 0..5 {
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(Duration::from_millis(400)).await;
             assert!(current_lease().is_some_and(|lease| lease.is_valid()));
             if locks
                 .try_with_lock("b", async {})
@@ -287,10 +288,10 @@ async fn tls_client_certificate_is_presented() {
         .connect()
         .await
         .unwrap_or_else(|e| panic!("mutual TLS connect: {e}"));
-    let locks = family(&client, "mtls", Duration::from_millis(200));
+    let locks = family(&client, "mtls", Duration::from_secs(1));
     let out = locks
         .with_lock("a", Duration::from_secs(2), async {
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            tokio::time::sleep(Duration::from_millis(1500)).await;
             locks.try_with_lock("a", async {}).await.expect("busy try")
         })
         .await

@@ -14,6 +14,16 @@ pub const ACL_COMMANDS: &str = "-@all +evalsha +eval +get +set +del +exists +inc
 +zscore +spublish +ssubscribe +sunsubscribe +ping +client|id +info +cluster|info +cluster|slots +asking +role +wait +client|unblock +reset \
 +scan";
 
+/// The commands the README's rule for the Sentinels grants (fred sends the data nodes'
+/// credentials to the Sentinels too).
+pub const SENTINEL_COMMANDS: &str = "-@all +sentinel|get-master-addr-by-name +sentinel|sentinels \
++ping +client|id +info +role";
+
+/// The README's rule for the Sentinels, for user `user`.
+fn sentinel_rule(user: &str) -> String {
+    format!("ACL SETUSER {user} on >PASSWORD {SENTINEL_COMMANDS}")
+}
+
 pub(crate) const PASSWORD: &str = "acl-test-password";
 
 /// The README's rule for namespace `ns` (the README shows it for user and namespace `app`).
@@ -116,6 +126,11 @@ fn readme_documents_the_tested_rule() {
         readme.contains(&documented),
         "README.md must contain the tested ACL rule verbatim:\n{documented}"
     );
+    let sentinels = sentinel_rule("app");
+    assert!(
+        readme.contains(&sentinels),
+        "README.md must contain the tested Sentinel ACL rule verbatim:\n{sentinels}"
+    );
     assert!(
         readme.contains(&format!("`{VALKEY_EXTRA}`")),
         "README.md must name the Valkey addition {VALKEY_EXTRA}"
@@ -127,8 +142,15 @@ fn readme_documents_the_tested_rule() {
 /// polling either).
 async fn every_operation(servers: &[&Server], url: &str, replicated: bool) {
     let user = User::on(servers, url, valkey_extras(servers));
+    every_operation_as(&user, servers, replicated).await;
+}
+
+/// [`every_operation`] as `user`, whose rule is set on `servers`.
+async fn every_operation_as(user: &User, servers: &[&Server], replicated: bool) {
+    let url = &user.url;
     let client = user.client(replicated).await;
-    let lease = Duration::from_millis(300);
+    // A 1 s lease (renewed every ~333 ms), held for longer by the bodies below.
+    let lease = Duration::from_secs(1);
     let locks: Locks<str> = client.lock_with(user.options(lease)).expect("options");
 
     assert_eq!(
@@ -141,7 +163,7 @@ async fn every_operation(servers: &[&Server], url: &str, replicated: bool) {
     // Renewal of a short lease, a busy try, the release.
     let renewed = locks
         .with_lock("b", Duration::from_secs(2), async {
-            tokio::time::sleep(Duration::from_millis(900)).await;
+            tokio::time::sleep(Duration::from_millis(1500)).await;
             locks.try_with_lock("b", async {}).await.expect("busy try")
         })
         .await
@@ -193,7 +215,7 @@ async fn every_operation(servers: &[&Server], url: &str, replicated: bool) {
         .expect("semaphore");
     semaphore
         .acquire("s", Duration::from_secs(2), async {
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            tokio::time::sleep(Duration::from_millis(1200)).await;
         })
         .await
         .expect("semaphore acquire with renewal");
@@ -206,7 +228,7 @@ async fn every_operation(servers: &[&Server], url: &str, replicated: bool) {
     );
     let rw = client.rw_lock_with::<str>(user.options(lease)).expect("rw");
     rw.read("r", Duration::from_secs(2), async {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(1200)).await;
     })
     .await
     .expect("read with renewal");
@@ -270,6 +292,30 @@ async fn acl_documented_rule_runs_every_operation_replicated() {
         let deployment = harness::shared_replicated(kind);
         let servers: Vec<&Server> = deployment.servers().collect();
         every_operation(&servers, &deployment.primary_url(), true).await;
+    }
+}
+
+/// Sentinel: the data nodes have the documented user, the Sentinels [`SENTINEL_COMMANDS`]
+/// (fred sends the same credentials to both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_documented_rule_runs_every_operation_sentinel() {
+    for kind in ServerKind::ALL {
+        let setup = harness::shared_sentinel(kind);
+        let data: Vec<&Server> = setup.data.servers().collect();
+        let user = User::on(&data, &setup.url(), valkey_extras(&data));
+        for sentinel in &setup.sentinels {
+            set_user(sentinel, &sentinel_rule(&user.name), |rule| rule);
+        }
+        every_operation_as(&user, &data, false).await;
+        let denials: Vec<String> = setup
+            .sentinels
+            .iter()
+            .flat_map(|s| user.denials(s))
+            .collect();
+        assert!(
+            denials.is_empty(),
+            "{kind}: the Sentinel rule denied: {denials:#?}"
+        );
     }
 }
 
