@@ -34,16 +34,15 @@
 use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned as _;
-use syn::visit_mut::VisitMut;
-use syn::{
-    AttrStyle, Block, Expr, FnArg, GenericArgument, ItemFn, Pat, PathArguments, ReturnType, Stmt,
-    Type, TypeParamBound,
-};
+use syn::{AttrStyle, Block, Expr, FnArg, ItemFn, Pat, Type};
 
 use crate::args::{self, Args, Errors, KeyArg};
 use crate::key::{self, Scope};
 use crate::modes::RwMode;
 use crate::profile;
+use crate::shape::{
+    Shape, async_trait_body_mut, declared_return, empty_block, retarget_async_trait_edges,
+};
 
 /// Entry point: `#[locked(args)] item`.
 pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -199,132 +198,6 @@ fn collect_bindings(pat: &Pat, out: &mut Vec<String>) {
         }
         _ => {}
     }
-}
-
-/// How the function is written.
-enum Shape {
-    /// A native `async fn`; its declared return type (with `impl Trait` erased) and span.
-    Async { ret: Type, ret_span: Span },
-    /// A function already rewritten by `#[async_trait]`: it returns
-    /// `Pin<Box<dyn Future<Output = ret> + ...>>` and its last statement is
-    /// `Box::pin(async move { ... })`.
-    AsyncTrait { ret: Type, ret_span: Span },
-}
-
-impl Shape {
-    fn of(func: &ItemFn) -> syn::Result<Self> {
-        let sig = &func.sig;
-        if sig.asyncness.is_some() {
-            let (ret, ret_span) = declared_return(func);
-            return Ok(Self::Async { ret, ret_span });
-        }
-        if let (Some(output), Some(_)) = (boxed_future_output(&sig.output), async_trait_body(func))
-        {
-            return Ok(Self::AsyncTrait {
-                ret: erase_impl_trait(output.clone()),
-                ret_span: output.span(),
-            });
-        }
-        Err(syn::Error::new(
-            sig.fn_token.span,
-            "`#[locked]` can only be applied to an `async fn`: add `async` before `fn` \
-             (the lock is held across the body's `.await`s)",
-        ))
-    }
-}
-
-/// `Output` of a `Pin<Box<dyn Future<Output = T> + ...>>` return type, as `#[async_trait]`
-/// writes it.
-fn boxed_future_output(output: &ReturnType) -> Option<&Type> {
-    let ReturnType::Type(_, ty) = output else {
-        return None;
-    };
-    let pin = single_type_argument(ty, "Pin")?;
-    let boxed = single_type_argument(pin, "Box")?;
-    let Type::TraitObject(object) = boxed else {
-        return None;
-    };
-    object.bounds.iter().find_map(|bound| {
-        let TypeParamBound::Trait(bound) = bound else {
-            return None;
-        };
-        let segment = bound.path.segments.last()?;
-        if segment.ident != "Future" {
-            return None;
-        }
-        let PathArguments::AngleBracketed(arguments) = &segment.arguments else {
-            return None;
-        };
-        arguments.args.iter().find_map(|argument| match argument {
-            GenericArgument::AssocType(assoc) if assoc.ident == "Output" => Some(&assoc.ty),
-            _ => None,
-        })
-    })
-}
-
-fn single_type_argument<'a>(ty: &'a Type, name: &str) -> Option<&'a Type> {
-    let Type::Path(path) = ty else {
-        return None;
-    };
-    let segment = path.path.segments.last()?;
-    if segment.ident != name {
-        return None;
-    }
-    let PathArguments::AngleBracketed(arguments) = &segment.arguments else {
-        return None;
-    };
-    arguments.args.iter().find_map(|argument| match argument {
-        GenericArgument::Type(ty) => Some(ty),
-        _ => None,
-    })
-}
-
-/// The `async move { ... }` inside the trailing `Box::pin(...)` of an `#[async_trait]` body.
-fn async_trait_body(func: &ItemFn) -> Option<&syn::ExprAsync> {
-    let Some(Stmt::Expr(Expr::Call(call), None)) = func.block.stmts.last() else {
-        return None;
-    };
-    let Expr::Path(path) = &*call.func else {
-        return None;
-    };
-    let mut segments = path.path.segments.iter().rev();
-    if segments.next()?.ident != "pin" || segments.next()?.ident != "Box" {
-        return None;
-    }
-    match call.args.first() {
-        Some(Expr::Async(body)) if call.args.len() == 1 && body.capture.is_some() => Some(body),
-        _ => None,
-    }
-}
-
-fn async_trait_body_mut(func: &mut ItemFn) -> Option<&mut syn::ExprAsync> {
-    let Some(Stmt::Expr(Expr::Call(call), None)) = func.block.stmts.last_mut() else {
-        return None;
-    };
-    match call.args.first_mut() {
-        Some(Expr::Async(body)) => Some(body),
-        _ => None,
-    }
-}
-
-/// Replaces `impl Trait` with `_` so that the type can be written inside the body.
-fn erase_impl_trait(mut ty: Type) -> Type {
-    struct Erase;
-    impl VisitMut for Erase {
-        fn visit_type_mut(&mut self, ty: &mut Type) {
-            if let Type::ImplTrait(impl_trait) = ty {
-                let span = impl_trait.impl_token.span;
-                *ty = Type::Infer(syn::TypeInfer {
-                    attrs: Vec::new(),
-                    underscore_token: syn::Token![_](span),
-                });
-            } else {
-                syn::visit_mut::visit_type_mut(self, ty);
-            }
-        }
-    }
-    Erase.visit_type_mut(&mut ty);
-    ty
 }
 
 /// `tokens` with every span set to `span`.
@@ -564,16 +437,6 @@ pub(crate) fn fallback(args: &Args, func: &ItemFn) -> TokenStream {
     with_body(func, &body)
 }
 
-fn declared_return(func: &ItemFn) -> (Type, Span) {
-    match &func.sig.output {
-        ReturnType::Type(_, ty) => (erase_impl_trait((**ty).clone()), ty.span()),
-        ReturnType::Default => {
-            let span = func.sig.ident.span();
-            (syn::parse_quote_spanned!(span=> ()), span)
-        }
-    }
-}
-
 fn generate(args: &Args, mut func: ItemFn, shape: &Shape, key: &TokenStream) -> TokenStream {
     let name = func.sig.ident.clone();
     match shape {
@@ -617,57 +480,6 @@ fn generate(args: &Args, mut func: ItemFn, shape: &Shape, key: &TokenStream) -> 
                 async_block.block = replacement;
             }
             func.into_token_stream()
-        }
-    }
-}
-
-fn empty_block() -> Block {
-    Block {
-        brace_token: syn::token::Brace::default(),
-        stmts: Vec::new(),
-    }
-}
-
-/// In `try_lock` mode the body evaluates to `Result<T, E>` while the function returns
-/// `Result<Option<T>, E>`: `#[async_trait]`'s own return-type edges (`None::<R>` and
-/// `let __ret: R = ...`) are retargeted to the body type.
-fn retarget_async_trait_edges(block: &mut Block, ret: &Type, krate: &TokenStream) {
-    struct Retarget {
-        ret: String,
-        body: Type,
-    }
-    impl VisitMut for Retarget {
-        fn visit_type_mut(&mut self, ty: &mut Type) {
-            if erase_impl_trait(ty.clone()).to_token_stream().to_string() == self.ret {
-                *ty = self.body.clone();
-            } else {
-                syn::visit_mut::visit_type_mut(self, ty);
-            }
-        }
-        // Never touch the user's own code.
-        fn visit_block_mut(&mut self, _: &mut Block) {}
-        fn visit_expr_async_mut(&mut self, _: &mut syn::ExprAsync) {}
-        fn visit_expr_closure_mut(&mut self, _: &mut syn::ExprClosure) {}
-    }
-    let span = ret.span();
-    let body: Type = syn::parse_quote_spanned!(span=>
-        <#ret as #krate::__private::TryLockReturn>::Body
-    );
-    let mut visitor = Retarget {
-        ret: ret.to_token_stream().to_string(),
-        body,
-    };
-    for stmt in &mut block.stmts {
-        match stmt {
-            // `if let Some(__ret) = None::<R> { return __ret; }`
-            Stmt::Expr(Expr::If(edge), _) => visitor.visit_expr_mut(&mut edge.cond),
-            // `let __ret: R = { ...user body... };`
-            Stmt::Local(local) => {
-                if let Pat::Type(typed) = &mut local.pat {
-                    visitor.visit_type_mut(&mut typed.ty);
-                }
-            }
-            _ => {}
         }
     }
 }

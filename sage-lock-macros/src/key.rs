@@ -12,7 +12,7 @@ use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, quote_spanned};
 use syn::LitStr;
 
-use crate::args::closest;
+use crate::suggest::closest;
 
 /// One piece of a key template.
 #[derive(Debug, Clone, PartialEq, Eq)]

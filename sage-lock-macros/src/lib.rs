@@ -9,6 +9,8 @@ mod expand;
 mod key;
 mod modes;
 mod profile;
+mod shape;
+mod suggest;
 
 use proc_macro::TokenStream;
 
