@@ -151,6 +151,21 @@ impl InFlight {
     fn settle(mut self) -> Option<Loan> {
         self.loan.take()
     }
+
+    /// The attempt failed: cleans up (as when dropped) and waits for that, at most
+    /// [`RELEASE_TIMEOUT`], before the caller retries with the same token. A cleanup release
+    /// still on its way would delete the retry's grant: after a `CLIENT KILL` the release went
+    /// out once fred had reconnected the old connection, after the retry on another one had
+    /// been granted, and the holder ran without its key.
+    async fn fail(mut self) {
+        let Some(loan) = self.loan.take() else {
+            return;
+        };
+        if let Some(task) = abandon(loan, self.cleanup.take(), self.shared.clone()) {
+            // Past the bound (or if the caller is cancelled) it finishes in the background.
+            let _ = tokio::time::timeout(RELEASE_TIMEOUT, task).await;
+        }
+    }
 }
 
 impl Drop for InFlight {
@@ -161,12 +176,17 @@ impl Drop for InFlight {
     }
 }
 
-/// Closes `loan` in the background after sending `cleanup` on it (see [`InFlight`]).
-fn abandon(loan: Loan, cleanup: Option<ScriptCall<'static>>, shared: Client) {
+/// Closes `loan` in the background after sending `cleanup` on it (see [`InFlight`]); the task,
+/// unless there is no runtime to run it.
+fn abandon(
+    loan: Loan,
+    cleanup: Option<ScriptCall<'static>>,
+    shared: Client,
+) -> Option<tokio::task::JoinHandle<()>> {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return; // dropping the loan aborts its connection
+        return None; // dropping the loan aborts its connection
     };
-    runtime.spawn(async move {
+    Some(runtime.spawn(async move {
         if let Some(cleanup) = cleanup {
             let release =
                 tokio::time::timeout(RELEASE_TIMEOUT * 2, run_plain(&loan.conn, &cleanup));
@@ -196,7 +216,7 @@ fn abandon(loan: Loan, cleanup: Option<ScriptCall<'static>>, shared: Client) {
             }
         }
         loan.close().await;
-    });
+    }))
 }
 
 impl Connection {
@@ -379,8 +399,8 @@ impl Connection {
             }
             failed => {
                 // The connection may still be blocked in WAIT or broken: never reuse it, and
-                // clean up on it (the attempt may still run).
-                drop(in_flight);
+                // clean up on it (the attempt may still run) before the caller retries.
+                in_flight.fail().await;
                 self.forget_topology();
                 Err(OpError::Failed(match failed {
                     Ok(Err(error)) => error,
