@@ -161,9 +161,9 @@ impl InFlight {
         let Some(loan) = self.loan.take() else {
             return;
         };
-        if let Some(task) = abandon(loan, self.cleanup.take(), self.shared.clone()) {
+        if let Some(released) = abandon(loan, self.cleanup.take(), self.shared.clone()) {
             // Past the bound (or if the caller is cancelled) it finishes in the background.
-            let _ = tokio::time::timeout(RELEASE_TIMEOUT, task).await;
+            let _ = tokio::time::timeout(RELEASE_TIMEOUT, released).await;
         }
     }
 }
@@ -176,17 +176,19 @@ impl Drop for InFlight {
     }
 }
 
-/// Closes `loan` in the background after sending `cleanup` on it (see [`InFlight`]); the task,
-/// unless there is no runtime to run it.
+/// Closes `loan` in the background after sending `cleanup` on it (see [`InFlight`]). With a
+/// `cleanup`, returns what resolves once it is through (or given up), before the close.
 fn abandon(
     loan: Loan,
     cleanup: Option<ScriptCall<'static>>,
     shared: Client,
-) -> Option<tokio::task::JoinHandle<()>> {
+) -> Option<tokio::sync::oneshot::Receiver<()>> {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return None; // dropping the loan aborts its connection
     };
-    Some(runtime.spawn(async move {
+    let (done, released) = tokio::sync::oneshot::channel();
+    let waits = cleanup.is_some();
+    runtime.spawn(async move {
         if let Some(cleanup) = cleanup {
             let release =
                 tokio::time::timeout(RELEASE_TIMEOUT * 2, run_plain(&loan.conn, &cleanup));
@@ -215,8 +217,10 @@ fn abandon(
                 () = unblock => {}
             }
         }
+        let _ = done.send(());
         loan.close().await;
-    }))
+    });
+    waits.then_some(released)
 }
 
 impl Connection {
