@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use fred::clients::Client;
 use fred::error::Error;
-use fred::interfaces::ClientLike;
 
 use crate::connection::Connection;
 use crate::engine::Engine;
@@ -233,8 +232,8 @@ impl LockClient {
 
     /// Closes the shared, dedicated and subscriber connections. Locks still held expire with their lease.
     pub async fn quit(&self) {
-        self.inner.conn.pool.close().await;
+        self.inner.conn.close().await;
         self.inner.notifier.close().await;
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.conn.fred.quit()).await;
+        self.inner.conn.quit_shared().await;
     }
 }

@@ -39,6 +39,8 @@ pub(crate) struct Connection {
     reconnecting: Arc<std::sync::atomic::AtomicBool>,
     /// Whether the server has `DELIFEQ` (Valkey 9+): [`DELIFEQ_UNKNOWN`] until first asked.
     delifeq: std::sync::atomic::AtomicU8,
+    /// Set by [`Connection::close`]: nothing may reconnect the shared connection afterwards.
+    closed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 const DELIFEQ_UNKNOWN: u8 = 0;
@@ -64,6 +66,7 @@ impl Connection {
             task: std::sync::Mutex::new(task),
             reconnecting: Arc::default(),
             delifeq: std::sync::atomic::AtomicU8::new(DELIFEQ_UNKNOWN),
+            closed: Arc::default(),
         }
     }
 }
@@ -88,15 +91,38 @@ impl Connection {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        if self.reconnecting.swap(true, Ordering::AcqRel) {
+        if self.closed.load(Ordering::Acquire) || self.reconnecting.swap(true, Ordering::AcqRel) {
             return;
         }
-        let (fred, flag) = (self.fred.clone(), Arc::clone(&self.reconnecting));
+        let (fred, flag, closed) = (
+            self.fred.clone(),
+            Arc::clone(&self.reconnecting),
+            Arc::clone(&self.closed),
+        );
         runtime.spawn(async move {
             tracing::debug!("the shared connection reached a replica; reconnecting it");
             let _ = tokio::time::timeout(Duration::from_secs(5), fred.force_reconnection()).await;
+            if closed.load(Ordering::Acquire) {
+                // Closed while reconnecting: the new connection must not outlive `quit`.
+                let _ = tokio::time::timeout(Duration::from_secs(1), fred.quit()).await;
+            }
             flag.store(false, Ordering::Release);
         });
+    }
+
+    /// Closes every connection: the dedicated pool (loans still out are closed when they come
+    /// back), then the shared connection; a reconnection under way is undone. For
+    /// [`LockClient::quit`](crate::LockClient::quit).
+    pub(crate) async fn close(&self) {
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.pool.close().await;
+    }
+
+    /// Closes the shared connection (after [`Connection::close`] and anything that still used
+    /// it, such as the subscriber).
+    pub(crate) async fn quit_shared(&self) {
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.fred.quit()).await;
     }
 
     /// Runs a release-like call (no acknowledgement needed) on the current primary: on the

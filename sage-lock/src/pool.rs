@@ -48,6 +48,8 @@ pub(crate) struct DedicatedPool {
     idle: Mutex<Vec<(Client, Link)>>,
     max_connections: usize,
     generation: std::sync::atomic::AtomicU64,
+    /// Set by [`DedicatedPool::close`]: returned loans are closed, not kept.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// A dedicated connection on loan; give it back with [`DedicatedPool::put_back`] when it is known
@@ -94,6 +96,7 @@ impl DedicatedPool {
             idle: Mutex::new(Vec::new()),
             max_connections,
             generation: std::sync::atomic::AtomicU64::new(0),
+            closed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -156,7 +159,9 @@ impl DedicatedPool {
 
     /// Returns an idle, healthy connection for reuse.
     pub(crate) fn put_back(&self, mut loan: Loan) {
-        if loan.generation != self.generation() {
+        if loan.generation != self.generation()
+            || self.closed.load(std::sync::atomic::Ordering::Acquire)
+        {
             return; // dropped: closed in the background
         }
         let Some(link) = loan.link.take() else {
@@ -192,6 +197,9 @@ impl DedicatedPool {
 
     /// Closes idle connections.
     pub(crate) async fn close(&self) {
+        // Loans still out (a renewal in flight, a background release) close when they return.
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Release);
         for (conn, link) in self.take_idle() {
             close(conn, link).await;
         }
