@@ -19,6 +19,7 @@ use crate::redirect;
 use crate::replicas::ReplicaHints;
 use crate::retry::deadline_after;
 use crate::scripts::{ScriptCall, is_noscript};
+use crate::sentinel::SentinelSeed;
 use crate::topology::{Checked, Deployment, run_checked};
 
 /// How long releasing may take before [`Locks::with_lock`](crate::Locks::with_lock) returns
@@ -41,6 +42,8 @@ pub(crate) struct Connection {
     delifeq: std::sync::atomic::AtomicU8,
     /// Set by [`Connection::close`]: nothing may reconnect the shared connection afterwards.
     closed: Arc<std::sync::atomic::AtomicBool>,
+    /// Through Sentinel: seeds the replica floor of the first primary written to.
+    sentinel_seed: Option<SentinelSeed>,
 }
 
 const DELIFEQ_UNKNOWN: u8 = 0;
@@ -57,6 +60,7 @@ impl Connection {
     ) -> Self {
         let pool = Arc::new(DedicatedPool::new(fred.clone(), max_connections));
         Connection {
+            sentinel_seed: SentinelSeed::for_client(&fred),
             fred,
             deployment,
             pool,
@@ -403,6 +407,9 @@ impl Connection {
             .unwrap_or(deadline)
             .min(deadline_after(self.command_timeout / 2));
         let conn = loan.conn.clone();
+        if let Some(seed) = &self.sentinel_seed {
+            seed.seed(&self.fred, &conn, &self.hints, wait_until).await;
+        }
         let in_flight = InFlight {
             loan: Some(loan),
             cleanup,

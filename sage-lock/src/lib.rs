@@ -88,7 +88,8 @@
 //   utilities:   error, key, lease, observe, retry, scripts, replicas, redirect, topology, url,
 //                duration, options, profile (named options: data, environment overrides, the
 //                installed set)
-//   connection:  pool, connection (shared client, dedicated pool, checked script runs)
+//   connection:  pool, sentinel (replica count per Sentinel), connection (shared client,
+//                dedicated pool, checked script runs)
 //   engine:      renewal, engine (acquire → hold → release, generic over a primitive's Rules)
 //   primitives:  primitives::* (each states its scripts and rules)
 //   façade:      client (LockClient), global, macro_support, macro_profile
@@ -116,6 +117,7 @@ mod renewal;
 mod replicas;
 mod retry;
 mod scripts;
+mod sentinel;
 mod tls;
 mod topology;
 mod url;

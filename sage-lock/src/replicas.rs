@@ -26,22 +26,22 @@
 //! no acknowledging replica at all; the hold covers that window several times over. A ROLE that
 //! shows the node is not a primary forgets its floor: a node promoted again starts afresh.
 //!
-//! What this does not cover: the floor is learned, per client, from what it has observed. A
-//! client that first talks to a primary inside such a window (a new process) cannot know the
-//! count was higher (an idle client keeps its floor: the hold runs only from the first `ROLE`
-//! showing the smaller count); the count is a number, not a set of replica
-//! identities (a replica leaving while another joins keeps it); and a failover that takes longer
-//! than the hold to move the remaining replicas (many replicas with `parallel-syncs 1`, large
-//! datasets) reopens the window. Sentinel's own view does not close it either: Sentinel reports
-//! the old primary (`SENTINEL GET-MASTER-ADDR-BY-NAME`) until the replicas are reconfigured, and
-//! it lists replicas that are down, so neither helps to decide a write.
+//! The floor is learned, per client, from what it has observed (an idle client keeps its floor:
+//! the hold runs only from the first `ROLE` showing the smaller count). A client that has seen no
+//! `ROLE` yet (a new process, possibly arriving inside such a window) starts, through Sentinel,
+//! from Sentinel's count of replicas that are up ([`crate::sentinel`]). What this does not cover:
+//! a client without Sentinel (or whose Sentinels do not answer) starts from `ROLE`; the count is
+//! a number, not a set of replica identities (a replica leaving while another joins keeps it);
+//! and a failover that takes longer than the hold to move the remaining replicas (many replicas
+//! with `parallel-syncs 1`, large datasets) reopens the window. Sentinel's view cannot replace
+//! `ROLE`: it names the old primary (`SENTINEL GET-MASTER-ADDR-BY-NAME`) until the replicas are
+//! reconfigured.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fred::types::config::Server;
-use tokio::time::Instant;
 
 /// How long a primary must be seen listing fewer replicas than before until sage-lock accepts
 /// acknowledgement from the smaller set (see the README's "Limits": replicated deployments).
@@ -129,6 +129,19 @@ impl ReplicaHints {
         replicas.max(hint.floor).max(1)
     }
 
+    /// Raises `node`'s floor to `replicas` (what Sentinel knows of, for a client that has seen no
+    /// `ROLE` of the node yet); a smaller count listed later must then last the hold like any.
+    pub(crate) fn seed(&self, node: Option<Server>, replicas: i64) {
+        if let Ok(mut map) = self.0.lock() {
+            let hint = map.entry(node).or_insert(NodeHint {
+                last: 0,
+                floor: replicas,
+                shrunk_since: None,
+            });
+            hint.floor = hint.floor.max(replicas);
+        }
+    }
+
     /// A failover may be under way: the `WAIT` guesses start over low (a guess too low costs one
     /// more round trip; one too high makes `WAIT` block until its bound). The floors stay: they
     /// are what protects writes in a failover.
@@ -182,6 +195,20 @@ mod tests {
         assert_eq!(hints.observe_at(None, true, 1, gone + REPLICA_LOSS_HOLD), 1);
         // More replicas raise the floor at once.
         assert_eq!(hints.observe_at(None, true, 3, gone + REPLICA_LOSS_HOLD), 3);
+    }
+
+    #[test]
+    fn a_seeded_floor_needs_the_hold_to_come_down() {
+        let hints = ReplicaHints::default();
+        let t0 = Instant::now();
+        hints.seed(None, 2);
+        assert_eq!(hints.guess_at(&None, t0), 2);
+        assert_eq!(hints.observe_at(None, true, 1, t0), 2);
+        assert_eq!(hints.observe_at(None, true, 1, t0 + REPLICA_LOSS_HOLD), 1);
+        // A seed never lowers what was seen.
+        hints.observe_at(None, true, 3, t0 + REPLICA_LOSS_HOLD);
+        hints.seed(None, 1);
+        assert_eq!(hints.observe_at(None, true, 3, t0 + REPLICA_LOSS_HOLD), 3);
     }
 
     #[test]

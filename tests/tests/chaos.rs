@@ -8,13 +8,6 @@ use std::sync::Mutex;
 /// Seconds of nemesis per run.
 const SECONDS: &str = "8";
 
-/// `SENTINEL FAILOVER` is left out of the short profile: a forced failover can promote a replica
-/// that detached before a grant that the old primary's other replica acknowledged, and the
-/// promoted primary then hands out the same fencing token again (found by this suite, e.g.
-/// `--topology sentinel --server valkey --seconds 8 --seed 6`; see the README's "Fault
-/// injection"). The long profile keeps it.
-const SENTINEL_EXTRA: &[&str] = &["--without", "sentinel-failover"];
-
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// The numbers of the summary line `chaos: F faults, N critical sections, V violations,
@@ -101,12 +94,12 @@ fn replicated_valkey() {
 
 #[test]
 fn sentinel_redis() {
-    run("sentinel", "redis", 5, SENTINEL_EXTRA);
+    run("sentinel", "redis", 5, &[]);
 }
 
 #[test]
 fn sentinel_valkey() {
-    run("sentinel", "valkey", 6, SENTINEL_EXTRA);
+    run("sentinel", "valkey", 6, &[]);
 }
 
 #[test]

@@ -9,11 +9,12 @@
 //! `ROLE` lists one replica where it listed two. Until the smaller count has been seen for
 //! [`sage_lock::REPLICA_LOSS_HOLD`], neither an acquisition nor a renewal may count as
 //! acknowledged; after it, availability comes back; a replica that comes back restores it at once.
+//! A client that has seen no `ROLE` yet (a new process) takes the first floor from Sentinel.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use harness::{Replicated, ServerKind};
+use harness::{Replicated, SentinelSetup, ServerKind};
 use sage_lock::{LockClient, LockError, LockOptions, Locks, LossReason, TimeoutReason};
 
 const HOLD: Duration = sage_lock::REPLICA_LOSS_HOLD;
@@ -226,6 +227,55 @@ async fn returning_replica_restores_availability() {
             "{}: took {:?}",
             kind.name(),
             started.elapsed()
+        );
+    }
+}
+
+/// A new client that first reaches the primary after one of its replicas left (a new process in
+/// the middle of a failover) takes its floor from Sentinel, which still lists that replica: its
+/// grant, acknowledged by the one replica left, is not accepted either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_client_through_sentinel_takes_the_floor_from_sentinel() {
+    for kind in ServerKind::ALL {
+        let setup = SentinelSetup::start(kind);
+        let data = &setup.data;
+        // What Sentinel sends the replica it promotes, behind its back: it still lists it.
+        detach_one(data);
+        let client = LockClient::connect(&setup.url())
+            .await
+            .expect("connect through sentinel");
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("floor-sentinel"))
+            .expect("opts");
+        let result = locks
+            .with_lock("k", Duration::from_millis(1500), async {})
+            .await;
+        match &result {
+            Err(LockError::TimedOut {
+                reason:
+                    TimeoutReason::NotAcknowledged {
+                        acknowledged: 1,
+                        required: 2,
+                    },
+                ..
+            }) => {}
+            other => panic!(
+                "{}: a new client accepted a grant acknowledged by 1 of the 2 replicas Sentinel \
+                 knows: {other:?}",
+                kind.name()
+            ),
+        }
+        let port = data.primary.port().to_string();
+        data.replicas[1].cmd_ok(&["REPLICAOF", "127.0.0.1", &port]);
+        data.wait_synced(Duration::from_secs(20))
+            .expect("replica back");
+        let value = locks
+            .with_lock("k", Duration::from_secs(3), async { 9 })
+            .await;
+        assert_eq!(value.expect("replica back"), 9, "{}", kind.name());
+        println!(
+            "{}: new client, one of two replicas detached -> {result:?}",
+            kind.name()
         );
     }
 }
