@@ -17,7 +17,7 @@ pub const ACL_COMMANDS: &str = "-@all +evalsha +eval +get +set +del +exists +inc
 /// The commands the README's rule for the Sentinels grants (fred sends the data nodes'
 /// credentials to the Sentinels too).
 pub const SENTINEL_COMMANDS: &str = "-@all +sentinel|get-master-addr-by-name +sentinel|sentinels \
-+ping +client|id +info +role";
++sentinel|replicas +ping +client|id +info +role";
 
 /// The README's rule for the Sentinels, for user `user`.
 fn sentinel_rule(user: &str) -> String {
