@@ -630,7 +630,14 @@ impl Cluster {
     /// # Panics
     /// When no node answers or that primary has no live replica.
     pub fn replica_of(&self, primary_port: u16) -> &Server {
-        let topology = self.topology().unwrap_or_else(|e| panic!("{e}"));
+        self.live_replica_of(primary_port)
+            .unwrap_or_else(|problem| panic!("{problem}"))
+    }
+
+    /// A live replica of the primary on `primary_port`, or why there is none (right after a
+    /// failover, or while its only replica is paused and flagged failed).
+    pub fn live_replica_of(&self, primary_port: u16) -> Result<&Server, String> {
+        let topology = self.topology()?;
         let replica = topology
             .iter()
             .find(|n| n.port == primary_port)
@@ -642,10 +649,12 @@ impl Cluster {
                 })
             });
         let Some(replica) = replica else {
-            panic!("port {primary_port} has no live replica in {topology:#?}");
+            return Err(format!(
+                "port {primary_port} has no live replica in {topology:#?}"
+            ));
         };
         self.node(replica.port)
-            .unwrap_or_else(|| panic!("unknown replica port {}", replica.port))
+            .ok_or_else(|| format!("unknown replica port {}", replica.port))
     }
 
     /// Waits until every running node reports `cluster_state:ok` and all 16384 slots `ok`

@@ -219,7 +219,10 @@ impl<'a> Nemesis<'a> {
         let key = HOT_KEYS[usize::try_from(pick % HOT_KEYS.len() as u64).unwrap_or(0)];
         let slot = key_slot(&LockClient::server_key(NAMESPACE, key));
         let primary = cluster.primary_for_slot(slot).port();
-        let replica = cluster.replica_of(primary);
+        // Skipped (recorded as such) when the primary has no live replica right now.
+        let replica = cluster
+            .live_replica_of(primary)
+            .map_err(|_| format!("{primary} has no live replica"))?;
         replica.cmd(&["CLUSTER", "FAILOVER"])?.into_result()?;
         let new = cluster.wait_for_failover(primary, TOPOLOGY_TIMEOUT)?;
         Ok((format!("slot {slot}: {primary} -> {new}"), None))
