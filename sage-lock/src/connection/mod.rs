@@ -14,13 +14,19 @@ use fred::types::config::Server;
 use tokio::time::Instant;
 
 use crate::observe::Stats;
-use crate::pool::{DedicatedPool, Link, Loan, PoolError, close_in_background};
+use crate::pool::{DedicatedPool, Link, PoolError, close_in_background};
 use crate::redirect;
 use crate::replicas::ReplicaHints;
 use crate::retry::deadline_after;
 use crate::scripts::{ScriptCall, is_noscript};
 use crate::sentinel::SentinelSeed;
 use crate::topology::{Checked, Deployment, run_checked};
+
+mod delifeq;
+mod in_flight;
+
+use delifeq::DELIFEQ_UNKNOWN;
+use in_flight::InFlight;
 
 /// How long releasing may take before [`Locks::with_lock`](crate::Locks::with_lock) returns
 /// anyway (see its example). A release is a connection-level operation, so the bound lives here.
@@ -45,10 +51,6 @@ pub(crate) struct Connection {
     /// Through Sentinel: seeds the replica floor of the first primary written to.
     sentinel_seed: Option<SentinelSeed>,
 }
-
-const DELIFEQ_UNKNOWN: u8 = 0;
-const DELIFEQ_PRESENT: u8 = 1;
-const DELIFEQ_ABSENT: u8 = 2;
 
 impl Connection {
     pub(crate) fn new(
@@ -164,163 +166,6 @@ impl Drop for Connection {
         let task = self.task.lock().ok().and_then(|mut task| task.take());
         close_in_background(self.fred.clone(), Link::new(task));
     }
-}
-
-/// A replica-acknowledged attempt in flight on a dedicated connection. Dropped before it settles
-/// (the caller was cancelled), it cleans up on the same connection: the acquisition's `cleanup`
-/// (its release) is sent after the attempt's own commands, so it can never overtake them, and
-/// a `WAIT` blocking the connection is unblocked (`CLIENT UNBLOCK` from the shared connection)
-/// instead of being waited out; then the connection is closed.
-struct InFlight {
-    loan: Option<Loan>,
-    cleanup: Option<ScriptCall<'static>>,
-    shared: Client,
-}
-
-impl InFlight {
-    fn settle(mut self) -> Option<Loan> {
-        self.loan.take()
-    }
-
-    /// The attempt failed: cleans up (as when dropped) and waits for that, at most
-    /// [`RELEASE_TIMEOUT`], before the caller retries with the same token. A cleanup release
-    /// still on its way would delete the retry's grant: after a `CLIENT KILL` the release went
-    /// out once fred had reconnected the old connection, after the retry on another one had
-    /// been granted, and the holder ran without its key.
-    async fn fail(mut self) {
-        let Some(loan) = self.loan.take() else {
-            return;
-        };
-        if let Some(released) = abandon(loan, self.cleanup.take(), self.shared.clone()) {
-            // Past the bound (or if the caller is cancelled) it finishes in the background.
-            let _ = tokio::time::timeout(RELEASE_TIMEOUT, released).await;
-        }
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        if let Some(loan) = self.loan.take() {
-            abandon(loan, self.cleanup.take(), self.shared.clone());
-        }
-    }
-}
-
-/// Closes `loan` in the background after sending `cleanup` on it (see [`InFlight`]). With a
-/// `cleanup`, returns what resolves once it is through (or given up), before the close.
-fn abandon(
-    loan: Loan,
-    cleanup: Option<ScriptCall<'static>>,
-    shared: Client,
-) -> Option<tokio::sync::oneshot::Receiver<()>> {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return None; // dropping the loan aborts its connection
-    };
-    let (done, released) = tokio::sync::oneshot::channel();
-    let waits = cleanup.is_some();
-    runtime.spawn(async move {
-        if let Some(cleanup) = cleanup {
-            let release =
-                tokio::time::timeout(RELEASE_TIMEOUT * 2, run_plain(&loan.conn, &cleanup));
-            let unblock = async {
-                let Some(id) = loan.client_id() else {
-                    return std::future::pending().await;
-                };
-                loop {
-                    let command = fred::types::CustomCommand::new_static(
-                        "CLIENT",
-                        fred::types::ClusterHash::FirstKey,
-                        false,
-                    );
-                    let args = vec![Value::from("UNBLOCK"), Value::Integer(id)];
-                    let _ = tokio::time::timeout(
-                        Duration::from_secs(1),
-                        shared.custom::<Value, Value>(command, args),
-                    )
-                    .await;
-                    // Until the release is through: the WAIT may not have begun yet.
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            };
-            tokio::select! {
-                _ = release => {}
-                () = unblock => {}
-            }
-        }
-        let _ = done.send(());
-        loan.close().await;
-    });
-    waits.then_some(released)
-}
-
-impl Connection {
-    /// `DELIFEQ key value` (Valkey 9's native compare-and-delete) on a standalone server, within
-    /// `deadline`: `Some(true)` when it deleted the key, `Some(false)` when the key held another
-    /// value (or none), `None` when it cannot tell (no such command, a replicated deployment,
-    /// which needs the checked path, or a failure), so the caller falls back to its script.
-    /// Whether the server has the command is asked once (`INFO server`: Valkey 9 or later); a
-    /// refused `DELIFEQ` (an ACL without `+delifeq`) turns the fast path off for this client.
-    pub(crate) async fn delete_if_equal(
-        &self,
-        key: &fred::bytes::Bytes,
-        value: &fred::bytes::Bytes,
-        deadline: Instant,
-    ) -> Option<bool> {
-        use std::sync::atomic::Ordering;
-        if self.deployment.is_replicated() {
-            return None;
-        }
-        let known = self.delifeq.load(Ordering::Acquire);
-        if known == DELIFEQ_ABSENT {
-            return None;
-        }
-        if known == DELIFEQ_UNKNOWN {
-            // Valkey 9 has it (Redis 7 has not): asked once through `INFO server`, which every
-            // deployment allows. Any failure counts as absent: the script always works.
-            let asked = tokio::time::timeout_at(
-                deadline,
-                self.fred
-                    .info::<String>(Some(fred::types::InfoKind::Server)),
-            )
-            .await;
-            let present = matches!(&asked, Ok(Ok(info)) if has_delifeq(info));
-            let state = if present {
-                DELIFEQ_PRESENT
-            } else {
-                DELIFEQ_ABSENT
-            };
-            self.delifeq.store(state, Ordering::Release);
-            if !present {
-                return None;
-            }
-        }
-        let command = fred::types::CustomCommand::new_static(
-            "DELIFEQ",
-            fred::types::ClusterHash::FirstKey,
-            false,
-        );
-        let args = vec![Value::Bytes(key.clone()), Value::Bytes(value.clone())];
-        match tokio::time::timeout_at(deadline, self.fred.custom::<Value, Value>(command, args))
-            .await
-        {
-            Ok(Ok(reply)) => reply.as_i64().map(|deleted| deleted == 1),
-            Ok(Err(error)) => {
-                // Denied by an ACL (or otherwise refused): stop trying; the script works.
-                tracing::debug!(%error, "DELIFEQ failed; releases use the script from now on");
-                self.delifeq.store(DELIFEQ_ABSENT, Ordering::Release);
-                None
-            }
-            Err(_) => None,
-        }
-    }
-}
-
-/// Whether `INFO server` text comes from a server with `DELIFEQ` (Valkey 9 or later).
-fn has_delifeq(info: &str) -> bool {
-    info.lines()
-        .find_map(|line| line.trim().strip_prefix("valkey_version:"))
-        .and_then(|version| version.split('.').next()?.parse::<u32>().ok())
-        .is_some_and(|major| major >= 9)
 }
 
 /// Why a single server operation did not produce an answer.
@@ -548,19 +393,4 @@ pub(crate) const DEADLINE_REACHED: &str = "no reply before the deadline";
 
 fn timeout_error() -> Error {
     Error::new(fred::error::ErrorKind::Timeout, DEADLINE_REACHED)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::has_delifeq;
-
-    #[test]
-    fn delifeq_comes_with_valkey_9() {
-        assert!(has_delifeq(
-            "# Server\r\nredis_version:7.2.4\r\nvalkey_version:9.1.2\r\n"
-        ));
-        assert!(has_delifeq("valkey_version:10.0.0"));
-        assert!(!has_delifeq("valkey_version:8.1.0\r\n"));
-        assert!(!has_delifeq("# Server\r\nredis_version:7.0.15\r\n"));
-    }
 }
