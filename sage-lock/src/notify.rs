@@ -1,11 +1,11 @@
 //! Release notifications over sharded pub/sub.
 //!
-//! When a lock whose waiters queue on the server is released, the release script publishes the
-//! token of the new head of the queue on the lock's channel `{ns:key}:released` (`SPUBLISH`, in
-//! the key's own hash slot, so a cluster delivers it within one shard). One subscriber
-//! connection per client, opened on first need, multiplexes the channels of every key this
-//! process waits on; the waiting task named by a message tries again at once instead of at its
-//! next poll. Subscriptions outlive their last waiter by [`LINGER`] (so steady contention does
+//! When a lock whose waiters queue on the server is released, the release script hands the lock
+//! to the head of the queue and publishes `token:fence` (the new owner's token and fencing
+//! token) on the lock's channel `{ns:key}:released` (`SPUBLISH`, in the key's own hash slot, so
+//! a cluster delivers it within one shard). One subscriber connection per client, opened on
+//! first need, multiplexes the channels of every key this process waits on; the waiting task
+//! named by a message takes the [`Grant`] at once instead of finding it at its next poll. Subscriptions outlive their last waiter by [`LINGER`] (so steady contention does
 //! not pay a subscribe per wait), then are dropped: they stay bounded by the keys waited on.
 //!
 //! Notifications are an optimisation, never needed for correctness: waiters keep polling at a
@@ -37,6 +37,34 @@ pub(crate) fn channel(lock_key: &[u8]) -> Bytes {
     Bytes::from(name)
 }
 
+/// A lock a release handed to a local waiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Grant {
+    /// The fencing token of the handed-off hold.
+    pub(crate) fence: u64,
+    /// When the release was sent, if this process sent it (real clock): the grant is no older.
+    pub(crate) since: Option<std::time::Instant>,
+}
+
+impl Grant {
+    pub(crate) fn new(fence: u64, since: Option<std::time::Instant>) -> Self {
+        Grant { fence, since }
+    }
+}
+
+/// Splits a release message `token:fence` (or a bare `token`, which names the next waiter
+/// without a grant).
+fn parse_message(payload: &[u8]) -> (&[u8], Option<Grant>) {
+    if let Some(colon) = payload.iter().rposition(|b| *b == b':')
+        && let Some(fence) = std::str::from_utf8(&payload[colon + 1..])
+            .ok()
+            .and_then(|digits| digits.parse::<u64>().ok())
+    {
+        return (&payload[..colon], Some(Grant::new(fence, None)));
+    }
+    (payload, None)
+}
+
 /// One client's subscriber connection and the channels its waiters watch.
 #[derive(Debug)]
 pub(crate) struct Notifier {
@@ -57,9 +85,11 @@ struct Channel {
     wake: Arc<Notify>,
     /// The token of the local task that waits on the server for this key.
     token: Option<Bytes>,
-    /// The head the last message named: a waiter that registers just after its message came
-    /// (between its attempt's reply and [`Notifier::watch`]) still finds it.
-    last: Option<Bytes>,
+    /// The grant a release handed to `token`, until the waiter takes it.
+    grant: Option<Grant>,
+    /// The head the last message named, with its grant: a waiter that registers just after its
+    /// message came (between its attempt's reply and [`Notifier::watch`]) still finds it.
+    last: Option<(Bytes, Option<Grant>)>,
     /// Live [`Watch`]es.
     users: usize,
     /// Confirmed by the server (and not lost to a reconnect since).
@@ -97,16 +127,21 @@ impl Notifier {
                 let entry = channels.entry(channel.clone()).or_insert_with(|| Channel {
                     wake: Arc::new(Notify::new()),
                     token: None,
+                    grant: None,
                     last: None,
                     users: 0,
                     subscribed: false,
                     idle_since: Instant::now(),
                 });
                 entry.users += 1;
-                if entry.last.as_ref() == Some(&token) {
+                entry.grant = None;
+                if let Some((head, grant)) = &entry.last
+                    && *head == token
+                {
+                    entry.grant = *grant;
                     entry.wake.notify_one();
                 }
-                entry.token = Some(token);
+                entry.token = Some(token.clone());
                 Arc::clone(&entry.wake)
             }
             Err(_) => Arc::new(Notify::new()),
@@ -114,14 +149,16 @@ impl Notifier {
         Watch {
             notifier: self,
             channel,
+            token,
             wake,
         }
     }
 
-    /// A release by this process named `head` as the next owner of `lock_key`: wakes it now if
-    /// it is this process's waiter (the message that follows is then skipped as a duplicate).
-    pub(crate) fn wake_local(&self, lock_key: &[u8], head: &[u8]) {
-        deliver(&self.shared, &channel(lock_key), head);
+    /// A release by this process named `head` as the next owner of `lock_key` (and handed it
+    /// `grant`): wakes it now if it is this process's waiter (the message that follows is then
+    /// skipped as a duplicate).
+    pub(crate) fn wake_local(&self, lock_key: &[u8], head: &[u8], grant: Option<Grant>) {
+        deliver(&self.shared, &channel(lock_key), head, grant);
     }
 
     /// Closes the subscriber connection, if one was opened.
@@ -182,6 +219,7 @@ impl Notifier {
 pub(crate) struct Watch<'a> {
     notifier: &'a Notifier,
     channel: Bytes,
+    token: Bytes,
     wake: Arc<Notify>,
 }
 
@@ -217,6 +255,16 @@ impl Watch<'_> {
     pub(crate) fn notified(&self) -> tokio::sync::futures::Notified<'_> {
         self.wake.notified()
     }
+
+    /// The grant a release handed to this waiter since the last call, if any.
+    pub(crate) fn take_grant(&self) -> Option<Grant> {
+        let mut channels = self.notifier.shared.channels.lock().ok()?;
+        let entry = channels.get_mut(&self.channel)?;
+        if entry.token.as_ref() != Some(&self.token) {
+            return None;
+        }
+        entry.grant.take()
+    }
 }
 
 impl Drop for Watch<'_> {
@@ -227,6 +275,7 @@ impl Drop for Watch<'_> {
             entry.users = entry.users.saturating_sub(1);
             if entry.users == 0 {
                 entry.token = None;
+                entry.grant = None;
                 entry.idle_since = Instant::now();
                 if !entry.subscribed {
                     channels.remove(&self.channel);
@@ -281,24 +330,26 @@ fn spawn_listener(client: &Client, shared: Weak<Shared>) {
 }
 
 fn deliver_message(shared: &Shared, channel: &[u8], payload: &fred::types::Value) {
-    if let Some(head) = payload.as_bytes() {
-        deliver(shared, channel, head);
+    if let Some(payload) = payload.as_bytes() {
+        let (head, grant) = parse_message(payload);
+        deliver(shared, channel, head, grant);
     }
 }
 
-/// Wakes the local waiter named `head`, once per head (a release's reply and its message both
-/// name it).
-fn deliver(shared: &Shared, channel: &[u8], head: &[u8]) {
+/// Wakes the local waiter named `head` (storing its grant), once per head (a release's reply
+/// and its message both name it).
+fn deliver(shared: &Shared, channel: &[u8], head: &[u8], grant: Option<Grant>) {
     if let Ok(mut channels) = shared.channels.lock()
         && let Some(entry) = channels.get_mut(channel)
     {
-        if entry.last.as_deref() == Some(head) {
+        if entry.last.as_ref().is_some_and(|(last, _)| last == head) {
             return;
         }
         if entry.token.as_deref() == Some(head) {
+            entry.grant = grant;
             entry.wake.notify_one();
         }
-        entry.last = Some(Bytes::copy_from_slice(head));
+        entry.last = Some((Bytes::copy_from_slice(head), grant));
     }
 }
 
@@ -386,10 +437,10 @@ mod tests {
     async fn only_the_named_token_is_woken() {
         let notifier = Notifier::new(Client::default());
         let watch = notifier.watch(b"{l:a}", Bytes::from_static(b"mine"));
-        deliver(&notifier.shared, b"{l:a}:released", b"theirs");
+        deliver(&notifier.shared, b"{l:a}:released", b"theirs", None);
         let woken = tokio::time::timeout(Duration::from_millis(20), watch.notified()).await;
         assert!(woken.is_err(), "woken by another waiter's notification");
-        notifier.wake_local(b"{l:a}", b"mine");
+        notifier.wake_local(b"{l:a}", b"mine", None);
         let woken = tokio::time::timeout(Duration::from_millis(200), watch.notified()).await;
         assert!(woken.is_ok());
         // The message for the same release is a duplicate: no second wake-up.
@@ -402,10 +453,40 @@ mod tests {
     async fn a_message_just_before_the_watch_is_not_lost() {
         let notifier = Notifier::new(Client::default());
         let early = notifier.watch(b"{l:a}", Bytes::from_static(b"first"));
-        deliver(&notifier.shared, b"{l:a}:released", b"late");
+        deliver(
+            &notifier.shared,
+            b"{l:a}:released",
+            b"late",
+            Some(Grant::new(9, None)),
+        );
         let watch = notifier.watch(b"{l:a}", Bytes::from_static(b"late"));
         let woken = tokio::time::timeout(Duration::from_millis(200), watch.notified()).await;
         assert!(woken.is_ok(), "the early message was lost");
+        assert_eq!(watch.take_grant(), Some(Grant::new(9, None)));
+        assert_eq!(watch.take_grant(), None, "a grant is taken once");
+        assert_eq!(early.take_grant(), None, "another waiter's grant");
         drop(early);
+    }
+
+    #[tokio::test]
+    async fn a_message_hands_its_grant_to_the_named_waiter_only() {
+        let notifier = Notifier::new(Client::default());
+        let watch = notifier.watch(b"{l:a}", Bytes::from_static(b"abc"));
+        deliver_message(&notifier.shared, b"{l:a}:released", &"xyz:4".into());
+        assert_eq!(watch.take_grant(), None);
+        deliver_message(&notifier.shared, b"{l:a}:released", &"abc:5".into());
+        let woken = tokio::time::timeout(Duration::from_millis(200), watch.notified()).await;
+        assert!(woken.is_ok());
+        assert_eq!(watch.take_grant(), Some(Grant::new(5, None)));
+    }
+
+    #[test]
+    fn messages_split_into_token_and_fence() {
+        assert_eq!(
+            parse_message(b"abc:17"),
+            (&b"abc"[..], Some(Grant::new(17, None)))
+        );
+        assert_eq!(parse_message(b"abc"), (&b"abc"[..], None));
+        assert_eq!(parse_message(b"abc:x"), (&b"abc:x"[..], None));
     }
 }

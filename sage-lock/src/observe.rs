@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | `sage_lock_acquisitions_total` | counter | locks acquired |
 //! | `sage_lock_busy_retries_total` | counter | attempts that found the lock held by another owner |
+//! | `sage_lock_handoffs_total` | counter | acquisitions a release handed over on the server (no acquire round trip) |
 //! | `sage_lock_transient_retries_total` | counter | attempts that hit a transient failure |
 //! | `sage_lock_timeouts_total` | counter | acquisitions that gave up (`TimedOut`) |
 //! | `sage_lock_renewals_total` | counter | successful renewals |
@@ -35,6 +36,9 @@ pub struct LockStats {
     pub acquisitions: u64,
     /// Attempts that found the lock held by another owner.
     pub busy_retries: u64,
+    /// Acquisitions (counted in `acquisitions` too) that a release handed to this client's
+    /// queued waiter on the server, so the waiter took the lock without another attempt.
+    pub handoffs: u64,
     /// Attempts that hit a transient failure and were retried.
     pub transient_retries: u64,
     /// Acquisitions that ended in `TimedOut`.
@@ -59,6 +63,7 @@ pub struct LockStats {
 pub(crate) struct Stats {
     acquisitions: AtomicU64,
     busy_retries: AtomicU64,
+    handoffs: AtomicU64,
     transient_retries: AtomicU64,
     timeouts: AtomicU64,
     renewals: AtomicU64,
@@ -73,6 +78,7 @@ pub(crate) struct Stats {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Event {
     BusyRetry,
+    Handoff,
     TransientRetry,
     Timeout,
     Renewal,
@@ -87,6 +93,7 @@ pub(crate) enum Event {
 pub(crate) struct Metrics {
     acquisitions: Counter,
     busy_retries: Counter,
+    handoffs: Counter,
     transient_retries: Counter,
     timeouts: Counter,
     renewals: Counter,
@@ -110,6 +117,7 @@ impl Metrics {
         Metrics {
             acquisitions: metrics::counter!("sage_lock_acquisitions_total", "namespace" => label()),
             busy_retries: metrics::counter!("sage_lock_busy_retries_total", "namespace" => label()),
+            handoffs: metrics::counter!("sage_lock_handoffs_total", "namespace" => label()),
             transient_retries: metrics::counter!("sage_lock_transient_retries_total", "namespace" => label()),
             timeouts: metrics::counter!("sage_lock_timeouts_total", "namespace" => label()),
             renewals: metrics::counter!("sage_lock_renewals_total", "namespace" => label()),
@@ -132,6 +140,7 @@ impl Stats {
     pub(crate) fn record(&self, metrics: &Metrics, event: Event) {
         let (counter, handle) = match event {
             Event::BusyRetry => (&self.busy_retries, &metrics.busy_retries),
+            Event::Handoff => (&self.handoffs, &metrics.handoffs),
             Event::TransientRetry => (&self.transient_retries, &metrics.transient_retries),
             Event::Timeout => (&self.timeouts, &metrics.timeouts),
             Event::Renewal => (&self.renewals, &metrics.renewals),
@@ -157,6 +166,7 @@ impl Stats {
         LockStats {
             acquisitions: read(&self.acquisitions),
             busy_retries: read(&self.busy_retries),
+            handoffs: read(&self.handoffs),
             transient_retries: read(&self.transient_retries),
             timeouts: read(&self.timeouts),
             renewals: read(&self.renewals),

@@ -195,7 +195,15 @@ impl Renewer {
         lost: oneshot::Sender<LossReason>,
     ) -> Registration {
         let renewer = &self.shared;
-        let due = crate::lease::timer_at(renewal.lease.acquired_at() + renewal.lease_duration / 3);
+        // A third of the way through the lease, or through the shorter one a hand-off granted.
+        let granted_for = renewal
+            .lease
+            .valid_until()
+            .saturating_duration_since(renewal.lease.acquired_at())
+            + renewal.lease.margin();
+        let due = crate::lease::timer_at(
+            renewal.lease.acquired_at() + renewal.lease_duration.min(granted_for) / 3,
+        );
         let backoff = renewal_backoff(renewal.lease_duration);
         let (id, earliest) = {
             let mut state = lock(&renewer.state);

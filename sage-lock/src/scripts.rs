@@ -130,22 +130,50 @@ pub(crate) fn parse_acquire(value: Value) -> Result<AcquireReply, Error> {
     }
 }
 
-/// Parses a release reply: `1 | 0`, or `{1 | 0, head}` from a primitive whose release names the
-/// next waiter in its queue (`head`: that waiter's token, or nil/false when none).
-pub(crate) fn parse_release(value: &Value) -> Result<(bool, Option<Bytes>), Error> {
+/// A release script's reply.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct ReleaseReply {
+    /// Whether the call removed this token's hold.
+    pub(crate) released: bool,
+    /// The next waiter the release named (that waiter's token), if any.
+    pub(crate) head: Option<Bytes>,
+    /// The fencing token of the hold the release handed to `head`, if it did.
+    pub(crate) handed_off: Option<u64>,
+}
+
+/// Parses a release reply: `1 | 0`, `{1 | 0, head}` from a primitive whose release names the
+/// next waiter in its queue (`head`: that waiter's token, or nil/false when none), or
+/// `{1 | 0, head, fence}` when the release granted the lock to `head` with that fencing token.
+pub(crate) fn parse_release(value: &Value) -> Result<ReleaseReply, Error> {
+    let protocol = || Error::new(ErrorKind::Protocol, "unexpected reply to a release script");
     match value {
         Value::Array(items) => match items.as_slice() {
-            [flag, head] => Ok((
-                parse_flag(flag)?,
-                head.as_bytes().map(Bytes::copy_from_slice),
-            )),
-            [flag] => Ok((parse_flag(flag)?, None)),
-            _ => Err(Error::new(
-                ErrorKind::Protocol,
-                "unexpected reply to a release script",
-            )),
+            [flag, rest @ ..] if rest.len() <= 2 => {
+                let head = rest
+                    .first()
+                    .and_then(Value::as_bytes)
+                    .map(Bytes::copy_from_slice);
+                let handed_off = match rest.get(1) {
+                    Some(fence) => Some(
+                        fence
+                            .as_i64()
+                            .and_then(|n| u64::try_from(n).ok())
+                            .ok_or_else(protocol)?,
+                    ),
+                    None => None,
+                };
+                Ok(ReleaseReply {
+                    released: parse_flag(flag)?,
+                    head,
+                    handed_off,
+                })
+            }
+            _ => Err(protocol()),
         },
-        other => Ok((parse_flag(other)?, None)),
+        other => Ok(ReleaseReply {
+            released: parse_flag(other)?,
+            ..ReleaseReply::default()
+        }),
     }
 }
 
@@ -181,14 +209,29 @@ mod tests {
 
     #[test]
     fn release_replies_with_and_without_a_head() {
-        assert_eq!(parse_release(&Value::Integer(1)).ok(), Some((true, None)));
+        let plain = |released, head: Option<&'static [u8]>, handed_off| ReleaseReply {
+            released,
+            head: head.map(Bytes::from_static),
+            handed_off,
+        };
+        assert_eq!(
+            parse_release(&Value::Integer(1)).ok(),
+            Some(plain(true, None, None))
+        );
         let named = Value::Array(vec![Value::Integer(1), Value::from("t")]);
         assert_eq!(
             parse_release(&named).ok(),
-            Some((true, Some(Bytes::from_static(b"t"))))
+            Some(plain(true, Some(b"t"), None))
         );
         let none = Value::Array(vec![Value::Integer(0), Value::Null]);
-        assert_eq!(parse_release(&none).ok(), Some((false, None)));
+        assert_eq!(parse_release(&none).ok(), Some(plain(false, None, None)));
+        let handed = Value::Array(vec![Value::Integer(1), Value::from("t"), Value::Integer(7)]);
+        assert_eq!(
+            parse_release(&handed).ok(),
+            Some(plain(true, Some(b"t"), Some(7)))
+        );
+        let negative = Value::Array(vec![Value::Integer(1), Value::from("t"), Value::Integer(-1)]);
+        assert!(parse_release(&negative).is_err());
     }
 
     #[test]

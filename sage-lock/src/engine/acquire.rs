@@ -7,12 +7,12 @@ use fred::bytes::Bytes;
 use tokio::time::Instant;
 
 use super::waiters::KeyWaiters;
-use super::{Engine, Held, QUEUED_POLL, Rules, TRY_LOCK_RETRY_WINDOW, WAITER_TTL};
+use super::{Engine, HANDOFF_LEASE, Held, QUEUED_POLL, Rules, TRY_LOCK_RETRY_WINDOW, WAITER_TTL};
 use crate::connection::{Ack, DEADLINE_REACHED, OpError};
 use crate::error::{LockError, LossReason, TimeoutReason};
 use crate::key::LockKeys;
 use crate::lease::{Lease, drift};
-use crate::notify::{Subscribed, Watch};
+use crate::notify::{Grant, Subscribed, Watch};
 use crate::observe::Event;
 use crate::options::LockSettings;
 use crate::retry::{Backoff, Failure, classify, deadline_after, remaining};
@@ -272,11 +272,30 @@ async fn acquire_loop(
     let queued = waiting && rules.notifies();
     let mut watch: Option<Watch<'_>> = None;
     let mut subscribed = false;
+    // When the last attempt that found the lock busy (and so queued) was sent: a release can
+    // only hand the lock over after that.
+    let mut queued_at: Option<std::time::Instant> = None;
+    // A replica-acknowledged waiter confirms a handed-off grant with an attempt of its own (its
+    // WAIT then covers the grant); others take it as it comes.
+    let confirm_handoffs = settings.replica_acknowledgement && client.deployment.is_replicated();
     // Another local task already waits for a key: if it waits for this one, follow it.
     if waiting && engine.waiters.any() && !waiter.try_lead() && !waiter.follow(deadline).await {
         return Err(Stop::TimedOut(TimeoutReason::Busy));
     }
     loop {
+        if let (Some(watch), Some(queued_at)) = (&watch, queued_at)
+            && let Some(grant) = watch.take_grant()
+            && !confirm_handoffs
+            && let Some(lease) = handed_off(grant, queued_at, settings, keys)
+        {
+            waiter.resign();
+            client.stats.record(&settings.metrics, Event::Handoff);
+            return Ok(Some(Granted {
+                lease,
+                attempts: attempts + 1,
+                granted_by: None,
+            }));
+        }
         attempts += 1;
         // Until an answer says otherwise, this attempt may have been granted.
         held.armed = true;
@@ -372,6 +391,9 @@ async fn acquire_loop(
                 }
                 // A queued waiter owes the queue its leaving.
                 held.armed = queued;
+                if queued {
+                    queued_at = Some(sent);
+                }
                 client.stats.record(&settings.metrics, Event::BusyRetry);
                 busy = true;
                 short = None;
@@ -448,22 +470,55 @@ async fn acquire_loop(
             backoff.next_delay(limit)
         };
         tracing::trace!(attempts, ?delay, busy, "lock not acquired yet; waiting");
-        match (&watch, waiter.waiters.as_deref()) {
-            (Some(watch), _) if busy && subscribed => {
-                tokio::select! {
-                    () = tokio::time::sleep(delay) => {}
-                    () = watch.notified() => {}
-                }
+        // Woken early by a release that names this waiter (its watch) or by a release of this
+        // process that named nobody (the local waiters).
+        let named = async {
+            match &watch {
+                Some(watch) if busy => watch.notified().await,
+                _ => std::future::pending().await,
             }
-            (_, Some(local)) if busy && waiting => {
-                tokio::select! {
-                    () = tokio::time::sleep(delay) => {}
-                    () = local.released() => {}
-                }
+        };
+        let local = async {
+            match waiter.waiters.as_deref() {
+                Some(local) if busy && waiting => local.released().await,
+                _ => std::future::pending().await,
             }
-            _ => tokio::time::sleep(delay).await,
+        };
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = named => {}
+            () = local => {}
         }
     }
+}
+
+/// The lease of a hold a release handed to this waiter, queued at `queued_at`; `None` when too
+/// little of it may be left to trust without asking the server (the next attempt confirms it).
+fn handed_off(
+    grant: Grant,
+    queued_at: std::time::Instant,
+    settings: &LockSettings,
+    keys: &LockKeys,
+) -> Option<Lease> {
+    // The server set the hand-off lease no earlier than this process's own release was sent,
+    // nor than this waiter's last busy attempt.
+    let since = grant.since.map_or(queued_at, |since| since.max(queued_at));
+    let granted_for = settings.lease.min(HANDOFF_LEASE);
+    let margin = drift(settings.lease);
+    let valid_until = since + granted_for.saturating_sub(margin);
+    let now = std::time::Instant::now();
+    if valid_until.saturating_duration_since(now) < granted_for / 4 {
+        return None;
+    }
+    // Held from now on, as far as the minimum hold and `held_for` are concerned.
+    Some(Lease::new(
+        Arc::clone(&keys.display),
+        Arc::clone(&settings.namespace),
+        grant.fence,
+        now,
+        valid_until,
+        margin,
+    ))
 }
 
 /// Takes `token` out of the lock's server-side queue (the release call does that too).

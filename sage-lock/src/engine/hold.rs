@@ -16,7 +16,8 @@ use crate::lease::{Lease, scope};
 use crate::observe::{Event, Metrics};
 use crate::options::LockSettings;
 use crate::renewal::{Registration, Renewal};
-use crate::scripts::parse_release;
+use crate::notify::Grant;
+use crate::scripts::{ReleaseReply, parse_release};
 
 /// Runs `body` while `held` lasts: renewed in the background, cancelled on loss, released after.
 pub(crate) async fn hold<F: Future>(
@@ -236,19 +237,29 @@ async fn release_now(
         Some(keep_for) => rules.shorten_call(keys, token, keep_for),
         None => rules.release_call(keys, token),
     };
+    // No grant this release makes is older than this (real clock).
+    let sent = std::time::Instant::now();
     let outcome = engine
         .conn
         .run_on_primary(&call, Instant::now() + RELEASE_TIMEOUT, granted_by)
         .await
         .and_then(|reply| Ok(parse_release(&reply)?));
     if keep_for.is_none() {
-        match outcome.as_ref().ok().and_then(|(_, head)| head.as_ref()) {
-            // The next waiter is named: if it is ours, wake it now (its message is skipped).
-            Some(head) => engine.notifier.wake_local(&keys.lock, head),
-            None => engine.waiters.wake_one(&keys.lock),
+        match outcome.as_ref().ok() {
+            // The next waiter is named (and maybe handed the lock): if it is ours, wake it now
+            // (its message is then skipped).
+            Some(ReleaseReply {
+                head: Some(head),
+                handed_off,
+                ..
+            }) => {
+                let grant = handed_off.map(|fence| Grant::new(fence, Some(sent)));
+                engine.notifier.wake_local(&keys.lock, head, grant);
+            }
+            _ => engine.waiters.wake_one(&keys.lock),
         }
     }
-    match outcome.map(|(released, _)| released) {
+    match outcome.map(|reply| reply.released) {
         Ok(true) => {
             if let Some(keep_for) = keep_for {
                 tracing::debug!(?keep_for, "lock kept for its minimum hold");

@@ -41,6 +41,9 @@ pub use crate::connection::RELEASE_TIMEOUT;
 /// How long a waiter keeps its place in a lock's server-side queue without trying again: a
 /// waiter that died (or stalled this long) is skipped after at most this long.
 pub(crate) const WAITER_TTL: Duration = Duration::from_secs(2);
+/// The lease a release gives the queued waiter it hands the lock to (until that waiter renews it
+/// to its own lease): a waiter that died in the queue keeps the lock at most this long.
+pub(crate) const HANDOFF_LEASE: Duration = WAITER_TTL;
 /// The longest a queued waiter sleeps between attempts (it refreshes its place on each), and so
 /// the most a lost release notification costs.
 pub(crate) const QUEUED_POLL: Duration = Duration::from_millis(500);

@@ -124,11 +124,17 @@ return {0, pttl}
 "
 );
 
-/// Release. KEYS: lock, queue, deadlines (see [`release_keys`]); ARGV: token, release channel. Deletes the lock while it holds
-/// this token and takes the token out of the queue; if that freed the lock or changed the head,
-/// publishes the live head's token on the channel (`SPUBLISH`, under `pcall` so a server or ACL
-/// without sharded pub/sub only costs waiters a poll). Replies 1 when it removed the hold, else 0;
-/// `{1 | 0, head}` when it published, so this process can wake its own waiter at once.
+/// Release. KEYS: lock, queue, deadlines, fence, since (see [`release_keys`]); ARGV: token,
+/// release channel, hand-off lease ms.
+///
+/// Removes this token's hold (or, for a waiter that gives up, its place in the queue). If that
+/// left the lock free and a live waiter heads the queue, the lock passes to it on the server: its
+/// token becomes the value (marked `+` if others still queue) with the hand-off lease as TTL, the
+/// fencing counter is incremented, and `token:fence` is published on the channel (`SPUBLISH`,
+/// under `pcall` so a server or ACL without sharded pub/sub only costs the new owner a poll,
+/// which finds its own token and confirms the grant). Replies 1 when it removed the hold, else
+/// 0; `{1 | 0, head, fence}` when it handed the lock on, so this process can wake its own
+/// waiter at once.
 const RELEASE: &str = concat!(
     r"
 local released = 0
@@ -153,8 +159,17 @@ if head then
     prune_head!("KEYS[2]", "KEYS[3]"),
     r"
   if head then
-    redis.pcall('SPUBLISH', ARGV[2], head)
-    return {released, head}
+    redis.call('LPOP', KEYS[2])
+    redis.call('ZREM', KEYS[3], head)
+    local value = head
+    if redis.call('LINDEX', KEYS[2], 0) then
+      value = head .. '+'
+    end
+    redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
+    redis.call('SET', KEYS[5], '', 'PX', '315360000000')
+    local fence = redis.call('INCR', KEYS[4])
+    redis.pcall('SPUBLISH', ARGV[2], head .. ':' .. fence)
+    return {released, head, fence}
   end
 end
 return released
@@ -186,12 +201,14 @@ pub(super) fn script_keys(keys: &LockKeys) -> Vec<Bytes> {
     ]
 }
 
-/// The keys of the release script: lock, waiter queue, waiter deadlines.
+/// The keys of the release script: lock, waiter queue, waiter deadlines, fence, grant time.
 fn release_keys(keys: &LockKeys) -> Vec<Bytes> {
     vec![
         keys.lock.clone(),
         suffixed(&keys.lock, b":queue"),
         suffixed(&keys.lock, b":waiters"),
+        keys.fence.clone(),
+        suffixed(&keys.lock, b":since"),
     ]
 }
 
@@ -234,6 +251,7 @@ impl Rules for MutexRules {
         let args = vec![
             Value::Bytes(token.clone()),
             Value::Bytes(crate::notify::channel(&keys.lock)),
+            Value::Integer(millis(engine::HANDOFF_LEASE)),
         ];
         RELEASE_SCRIPT.call(keys.slot, release_keys(keys), args)
     }
@@ -459,7 +477,7 @@ mod tests {
     #[test]
     fn grant_scripts_use_the_since_horizon() {
         let horizon = format!("'{SINCE_HORIZON_MS}'");
-        assert!(ACQUIRE.contains(&horizon));
+        assert!(ACQUIRE.contains(&horizon) && RELEASE.contains(&horizon));
         assert!(super::super::multi::ACQUIRE_ALL.contains(&horizon));
     }
 

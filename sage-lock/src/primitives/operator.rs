@@ -266,10 +266,16 @@ impl<K: ?Sized> Locks<K> {
                 .run_plain(&call, self.deadline())
                 .await
                 .map_err(|error| self.failed(context(), error))?;
-            let (released, _next) =
-                parse_release(&reply).map_err(|error| self.backend(context(), error))?;
-            if released {
-                self.engine.waiters.wake_one(&keys.lock);
+            let reply = parse_release(&reply).map_err(|error| self.backend(context(), error))?;
+            if reply.released {
+                match (&reply.head, reply.handed_off) {
+                    (Some(head), Some(fence)) => self.engine.notifier.wake_local(
+                        &keys.lock,
+                        head,
+                        Some(crate::notify::Grant::new(fence, None)),
+                    ),
+                    _ => self.engine.waiters.wake_one(&keys.lock),
+                }
                 tracing::warn!(
                     key = %keys.display,
                     namespace = %self.settings.namespace,

@@ -1,0 +1,215 @@
+//! Hand-off on the server: a release gives the lock to the head of the waiter queue (new value,
+//! fencing token, hand-off lease) and publishes the grant, so the next owner starts without an
+//! acquire round trip; the short hand-off lease is renewed to the owner's own lease, and a
+//! replica-acknowledged waiter confirms the grant with an attempt of its own.
+
+use std::time::{Duration, Instant};
+
+use harness::{Server, ServerKind};
+use sage_lock::{LockClient, LockOptions, Locks, current_lease};
+use tokio::sync::oneshot;
+
+fn ns(test: &str, kind: ServerKind) -> String {
+    format!("{test}-{}-{}", kind.name(), rand::random::<u32>())
+}
+
+fn locks(client: &LockClient, ns: &str, lease: Duration) -> Locks<str> {
+    client
+        .lock_with(LockOptions::new().namespace(ns).lease(lease))
+        .expect("options")
+}
+
+fn queue_len(port: u16, ns: &str, key: &str) -> i64 {
+    let queue = format!("{{{ns}:{key}}}:queue");
+    harness::cmd(port, &["LLEN", &queue])
+        .ok()
+        .and_then(|r| r.as_int())
+        .unwrap_or(-1)
+}
+
+async fn until_queued(port: u16, ns: &str, key: &str) {
+    let start = Instant::now();
+    while queue_len(port, ns, key) < 1 {
+        assert!(start.elapsed() < Duration::from_secs(10), "never queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn scripts_run(port: u16) -> u64 {
+    harness::commandstats_calls(port, "evalsha") + harness::commandstats_calls(port, "eval")
+}
+
+/// What a holder task reports: its fencing token once the body runs, and when it released.
+struct Holding {
+    fence: oneshot::Receiver<(u64, Instant)>,
+    release: oneshot::Sender<()>,
+    done: tokio::task::JoinHandle<Instant>,
+}
+
+/// Takes `key` (waiting up to 10 s) in a task whose body reports its fencing token and then
+/// holds until told to release, checking its lease `check_after` into the body.
+fn take(locks: &Locks<str>, key: &str, check_after: Duration) -> Holding {
+    let (fence_tx, fence) = oneshot::channel();
+    let (release, release_rx) = oneshot::channel::<()>();
+    let (locks, key) = (locks.clone(), key.to_owned());
+    let done = tokio::spawn(async move {
+        locks
+            .with_lock(&key, Duration::from_secs(10), async move {
+                let lease = current_lease().expect("inside the body");
+                let _ = fence_tx.send((lease.fencing_token(), Instant::now()));
+                tokio::time::sleep(check_after).await;
+                assert!(lease.is_valid(), "lease spent after {check_after:?}");
+                let _ = release_rx.await;
+                Instant::now()
+            })
+            .await
+            .expect("holder")
+    });
+    Holding {
+        fence,
+        release,
+        done,
+    }
+}
+
+/// The waiter is handed the lock by the release itself: no script call of its own between the
+/// release and its body, the next fencing token, within a few milliseconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_the_lock_over_without_an_acquire_round_trip() {
+    for kind in ServerKind::ALL {
+        // A server of its own: the script count must be this test's alone.
+        let server = Server::start(kind);
+        let ns = ns("handoff", kind);
+        let (a, b) = (
+            LockClient::connect(&server.url()).await.expect("connect"),
+            LockClient::connect(&server.url()).await.expect("connect"),
+        );
+        let lease = Duration::from_secs(5);
+        for round in 0..3 {
+            let holder = take(&locks(&a, &ns, lease), "k", Duration::ZERO);
+            let (first_fence, _) = holder.fence.await.expect("holder runs");
+            let before = b.stats();
+            let waiter = take(&locks(&b, &ns, lease), "k", Duration::ZERO);
+            until_queued(server.port(), &ns, "k").await;
+            // Past the attempt that follows subscribing, well before the next poll (500 ms).
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let scripts_before = scripts_run(server.port());
+            holder.release.send(()).expect("release");
+            let released_at = holder.done.await.expect("holder task");
+            let (fence, entered) = waiter.fence.await.expect("waiter runs");
+            let scripts = scripts_run(server.port()) - scripts_before;
+            let handoff = entered.saturating_duration_since(released_at);
+            let after = b.stats();
+            println!(
+                "{} round {round}: hand-off {handoff:?}, {scripts} script call(s), fence {first_fence} -> {fence}, {} hand-off(s), {} busy",
+                kind.name(),
+                after.handoffs - before.handoffs,
+                after.busy_retries - before.busy_retries
+            );
+            assert_eq!(fence, first_fence + 1, "{}: the next fencing token", kind.name());
+            // Round 0 may also load the release script (EVALSHA, NOSCRIPT, then EVAL).
+            if round > 0 {
+                assert_eq!(
+                    scripts,
+                    1,
+                    "{}: only the release ran a script between release and the waiter's body",
+                    kind.name()
+                );
+            }
+            assert_eq!(after.handoffs - before.handoffs, 1, "{}", kind.name());
+            assert!(
+                handoff < Duration::from_millis(100),
+                "{}: hand-off took {handoff:?}",
+                kind.name()
+            );
+            waiter.release.send(()).expect("release");
+            waiter.done.await.expect("waiter task");
+        }
+        for client in [a, b] {
+            client.quit().await;
+        }
+    }
+}
+
+/// A lock handed over with the short hand-off lease (2 s) is renewed to the owner's own 30 s
+/// lease: still held, on the server too, well past the hand-off lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_off_lock_is_renewed_to_its_own_lease() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let ns = ns("handoff-renew", kind);
+        let (a, b) = (
+            LockClient::connect(&server.url()).await.expect("connect"),
+            LockClient::connect(&server.url()).await.expect("connect"),
+        );
+        let lease = Duration::from_secs(30);
+        let holder = take(&locks(&a, &ns, lease), "k", Duration::ZERO);
+        holder.fence.await.expect("holder runs");
+        let waiter = take(&locks(&b, &ns, lease), "k", Duration::from_millis(3_000));
+        until_queued(server.port(), &ns, "k").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        holder.release.send(()).expect("release");
+        holder.done.await.expect("holder task");
+        let (_, entered) = waiter.fence.await.expect("waiter runs");
+        tokio::time::sleep(Duration::from_millis(3_100).saturating_sub(entered.elapsed())).await;
+        let key = format!("{{{ns}:k}}");
+        let pttl = server
+            .cmd(&["PTTL", &key])
+            .ok()
+            .and_then(|r| r.as_int())
+            .unwrap_or(-2);
+        let stats = b.stats();
+        println!(
+            "{}: 3.1 s after the hand-off: PTTL {pttl} ms, {} renewal(s)",
+            kind.name(),
+            stats.renewals
+        );
+        assert_eq!(stats.handoffs, 1, "{}", kind.name());
+        assert!(pttl > 20_000, "{}: PTTL {pttl} ms", kind.name());
+        assert_eq!(stats.losses, 0, "{}", kind.name());
+        waiter.release.send(()).expect("release");
+        waiter.done.await.expect("waiter task");
+        for client in [a, b] {
+            client.quit().await;
+        }
+    }
+}
+
+/// With replica acknowledgement, a handed-off grant is confirmed by the waiter's own attempt
+/// (whose `WAIT` then covers it): no grant is taken from the message alone, and the waiter still
+/// gets the next fencing token promptly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_acknowledged_waiter_confirms_the_handed_off_grant() {
+    for kind in ServerKind::ALL {
+        let setup = harness::shared_replicated(kind);
+        let ns = ns("handoff-ack", kind);
+        let connect = || async {
+            LockClient::builder()
+                .url(&setup.primary_url())
+                .replicated(true)
+                .connect()
+                .await
+                .expect("connect")
+        };
+        let (a, b) = (connect().await, connect().await);
+        let lease = Duration::from_secs(5);
+        let holder = take(&locks(&a, &ns, lease), "k", Duration::ZERO);
+        let (first_fence, _) = holder.fence.await.expect("holder runs");
+        let waiter = take(&locks(&b, &ns, lease), "k", Duration::ZERO);
+        until_queued(setup.primary.port(), &ns, "k").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        holder.release.send(()).expect("release");
+        let released_at = holder.done.await.expect("holder task");
+        let (fence, entered) = waiter.fence.await.expect("waiter runs");
+        let handoff = entered.saturating_duration_since(released_at);
+        println!("{} replicated: hand-off {handoff:?}", kind.name());
+        assert_eq!(fence, first_fence + 1, "{}", kind.name());
+        assert_eq!(b.stats().handoffs, 0, "{}: taken without WAIT", kind.name());
+        assert!(handoff < Duration::from_millis(500), "{}: {handoff:?}", kind.name());
+        waiter.release.send(()).expect("release");
+        waiter.done.await.expect("waiter task");
+        for client in [a, b] {
+            client.quit().await;
+        }
+    }
+}
