@@ -102,11 +102,14 @@ pub(crate) fn is_noscript(error: &Error) -> bool {
 pub(crate) enum AcquireReply {
     /// Granted; the new fencing token.
     Granted { fence: u64 },
-    /// Held by another owner for `pttl_ms` more milliseconds (negative: no TTL known).
-    Busy { pttl_ms: i64 },
+    /// Held by another owner for `pttl_ms` more milliseconds (negative: no TTL known); `fence`:
+    /// the fencing counter at that moment, from scripts that report it (a later hand-off to
+    /// this waiter carries a higher one).
+    Busy { pttl_ms: i64, fence: Option<u64> },
 }
 
-/// Parses the acquire script's `{status, number}` reply.
+/// Parses the acquire script's `{status, number}` reply (`{0, pttl, fence}` when busy, from
+/// the mutex).
 pub(crate) fn parse_acquire(value: Value) -> Result<AcquireReply, Error> {
     let protocol = || {
         Error::new(
@@ -117,15 +120,28 @@ pub(crate) fn parse_acquire(value: Value) -> Result<AcquireReply, Error> {
     let Value::Array(items) = value else {
         return Err(protocol());
     };
-    let [status, number] = items.as_slice() else {
-        return Err(protocol());
+    let (status, number, fence) = match items.as_slice() {
+        [status, number] => (status, number, None),
+        [status, number, fence] => (status, number, Some(fence)),
+        _ => return Err(protocol()),
     };
     let number = number.as_i64().ok_or_else(protocol)?;
     match status.as_i64() {
         Some(1) => Ok(AcquireReply::Granted {
             fence: u64::try_from(number).map_err(|_| protocol())?,
         }),
-        Some(0) => Ok(AcquireReply::Busy { pttl_ms: number }),
+        Some(0) => Ok(AcquireReply::Busy {
+            pttl_ms: number,
+            fence: match fence {
+                Some(fence) => Some(
+                    fence
+                        .as_i64()
+                        .and_then(|n| u64::try_from(n).ok())
+                        .ok_or_else(protocol)?,
+                ),
+                None => None,
+            },
+        }),
         _ => Err(protocol()),
     }
 }
@@ -202,7 +218,22 @@ mod tests {
         let busy = Value::Array(vec![Value::Integer(0), Value::Integer(250)]);
         assert_eq!(
             parse_acquire(busy).ok(),
-            Some(AcquireReply::Busy { pttl_ms: 250 })
+            Some(AcquireReply::Busy {
+                pttl_ms: 250,
+                fence: None
+            })
+        );
+        let counted = Value::Array(vec![
+            Value::Integer(0),
+            Value::Integer(250),
+            Value::Integer(3),
+        ]);
+        assert_eq!(
+            parse_acquire(counted).ok(),
+            Some(AcquireReply::Busy {
+                pttl_ms: 250,
+                fence: Some(3)
+            })
         );
         assert!(parse_acquire(Value::Null).is_err());
     }
@@ -230,7 +261,11 @@ mod tests {
             parse_release(&handed).ok(),
             Some(plain(true, Some(b"t"), Some(7)))
         );
-        let negative = Value::Array(vec![Value::Integer(1), Value::from("t"), Value::Integer(-1)]);
+        let negative = Value::Array(vec![
+            Value::Integer(1),
+            Value::from("t"),
+            Value::Integer(-1),
+        ]);
         assert!(parse_release(&negative).is_err());
     }
 

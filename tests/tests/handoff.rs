@@ -106,7 +106,12 @@ async fn a_release_hands_the_lock_over_without_an_acquire_round_trip() {
                 after.handoffs - before.handoffs,
                 after.busy_retries - before.busy_retries
             );
-            assert_eq!(fence, first_fence + 1, "{}: the next fencing token", kind.name());
+            assert_eq!(
+                fence,
+                first_fence + 1,
+                "{}: the next fencing token",
+                kind.name()
+            );
             // Round 0 may also load the release script (EVALSHA, NOSCRIPT, then EVAL).
             if round > 0 {
                 assert_eq!(
@@ -205,7 +210,67 @@ async fn a_replica_acknowledged_waiter_confirms_the_handed_off_grant() {
         println!("{} replicated: hand-off {handoff:?}", kind.name());
         assert_eq!(fence, first_fence + 1, "{}", kind.name());
         assert_eq!(b.stats().handoffs, 0, "{}: taken without WAIT", kind.name());
-        assert!(handoff < Duration::from_millis(500), "{}: {handoff:?}", kind.name());
+        assert!(
+            handoff < Duration::from_millis(500),
+            "{}: {handoff:?}",
+            kind.name()
+        );
+        waiter.release.send(()).expect("release");
+        waiter.done.await.expect("waiter task");
+        for client in [a, b] {
+            client.quit().await;
+        }
+    }
+}
+
+/// A grant announced for a waiter whose attempt has since seen the fencing counter at (or past)
+/// that grant's fence is stale (lost before that attempt, announced late): the waiter ignores
+/// it and keeps waiting, so it never runs beside the real holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_grant_message_is_ignored() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let ns = ns("handoff-stale", kind);
+        let (a, b) = (
+            LockClient::connect(&server.url()).await.expect("connect"),
+            LockClient::connect(&server.url()).await.expect("connect"),
+        );
+        let lease = Duration::from_secs(5);
+        let holder = take(&locks(&a, &ns, lease), "k", Duration::ZERO);
+        let (holder_fence, _) = holder.fence.await.expect("holder runs");
+        let mut waiter = take(&locks(&b, &ns, lease), "k", Duration::ZERO);
+        until_queued(server.port(), &ns, "k").await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let queue = format!("{{{ns}:k}}:queue");
+        let token = server
+            .cmd(&["LINDEX", &queue, "0"])
+            .ok()
+            .and_then(|r| r.as_str().map(str::to_owned))
+            .expect("the waiter's token heads the queue");
+        // The counter is at the holder's fence: a grant with that fence (or lower) is stale.
+        let channel = format!("{{{ns}:k}}:released");
+        let stale = format!("{token}:{holder_fence}");
+        let delivered = server
+            .cmd(&["SPUBLISH", &channel, &stale])
+            .ok()
+            .and_then(|r| r.as_int())
+            .unwrap_or(0);
+        assert_eq!(
+            delivered,
+            1,
+            "{}: the waiter's subscriber got it",
+            kind.name()
+        );
+        let early = tokio::time::timeout(Duration::from_millis(300), &mut waiter.fence).await;
+        assert!(
+            early.is_err(),
+            "{}: the waiter ran on a stale grant beside the holder",
+            kind.name()
+        );
+        holder.release.send(()).expect("release");
+        holder.done.await.expect("holder task");
+        let (fence, _) = waiter.fence.await.expect("waiter runs after the release");
+        assert_eq!(fence, holder_fence + 1, "{}", kind.name());
         waiter.release.send(()).expect("release");
         waiter.done.await.expect("waiter task");
         for client in [a, b] {

@@ -275,6 +275,9 @@ async fn acquire_loop(
     // When the last attempt that found the lock busy (and so queued) was sent: a release can
     // only hand the lock over after that.
     let mut queued_at: Option<std::time::Instant> = None;
+    // The fencing counter that attempt saw: a genuine hand-off to this waiter came later, so its
+    // fence is higher (a grant that was lost before that attempt, announced late, is not).
+    let mut counter_seen: Option<u64> = None;
     // A replica-acknowledged waiter confirms a handed-off grant with an attempt of its own (its
     // WAIT then covers the grant); others take it as it comes.
     let confirm_handoffs = settings.replica_acknowledgement && client.deployment.is_replicated();
@@ -283,8 +286,10 @@ async fn acquire_loop(
         return Err(Stop::TimedOut(TimeoutReason::Busy));
     }
     loop {
-        if let (Some(watch), Some(queued_at)) = (&watch, queued_at)
+        if let (Some(watch), Some(queued_at), Some(counter_seen)) =
+            (&watch, queued_at, counter_seen)
             && let Some(grant) = watch.take_grant()
+            && grant.fence > counter_seen
             && !confirm_handoffs
             && let Some(lease) = handed_off(grant, queued_at, settings, keys)
         {
@@ -382,7 +387,7 @@ async fn acquire_loop(
             Ok((AcquireReply::Granted { .. }, Ack::NotPrimary(role), _)) => {
                 return Err(Stop::Lost(LossReason::RoleChanged(role)));
             }
-            Ok((AcquireReply::Busy { pttl_ms }, _, _)) => {
+            Ok((AcquireReply::Busy { pttl_ms, fence }, _, _)) => {
                 // A definite "busy" (the script checks our token too): we hold nothing, so a
                 // busy try owes no release.
                 held.armed = false;
@@ -393,6 +398,7 @@ async fn acquire_loop(
                 held.armed = queued;
                 if queued {
                     queued_at = Some(sent);
+                    counter_seen = fence;
                 }
                 client.stats.record(&settings.metrics, Event::BusyRetry);
                 busy = true;

@@ -13,10 +13,10 @@ use super::{Engine, RELEASE_TIMEOUT, Rules, reentry};
 use crate::error::{LockError, LossReason};
 use crate::key::LockKeys;
 use crate::lease::{Lease, scope};
+use crate::notify::Grant;
 use crate::observe::{Event, Metrics};
 use crate::options::LockSettings;
 use crate::renewal::{Registration, Renewal};
-use crate::notify::Grant;
 use crate::scripts::{ReleaseReply, parse_release};
 
 /// Runs `body` while `held` lasts: renewed in the background, cancelled on loss, released after.

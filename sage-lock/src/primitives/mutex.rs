@@ -68,8 +68,9 @@ pub(super) const SINCE_HORIZON_MS: i64 = 315_360_000_000;
 /// marked). Every script that checks the holder (release, shorten, renewal, the multi-key
 /// scripts) accepts the token with or without the mark.
 /// Replies `{1, fence}` when granted (also when the key already holds this token, so a retry
-/// after an unknown outcome is safe), or `{0, ms}`: the holder's PTTL, or when free, how long the
-/// live head's place lasts.
+/// after an unknown outcome is safe), or `{0, ms, fence}`: the holder's PTTL, or when free, how
+/// long the live head's place lasts, and the fencing counter (a hand-off to this waiter that
+/// the caller learns of later is genuine only if its fence is higher).
 const ACQUIRE: &str = concat!(
     r"
 local now
@@ -120,7 +121,7 @@ local pttl = redis.call('PTTL', KEYS[1])
 if pttl < 0 and head then
   pttl = math.max(0, tonumber(redis.call('ZSCORE', KEYS[4], head) or now) - now)
 end
-return {0, pttl}
+return {0, pttl, tonumber(redis.call('GET', KEYS[2]) or '0')}
 "
 );
 
