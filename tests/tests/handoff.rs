@@ -278,3 +278,60 @@ async fn a_stale_grant_message_is_ignored() {
         }
     }
 }
+
+/// Tasks of one process take a contended key in turn: leadership passes in arrival order, so a
+/// task that just released lines up behind the others instead of taking the lock straight back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_tasks_take_turns() {
+    const TASKS: usize = 8;
+    const ENTRIES: usize = 300;
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let ns = ns("handoff-turns", kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks = locks(&client, &ns, Duration::from_secs(5));
+        let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for id in 0..TASKS {
+            let (locks, order) = (locks.clone(), std::sync::Arc::clone(&order));
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    let more = locks
+                        .with_lock("k", Duration::from_secs(10), async {
+                            let mut order = order.lock().expect("order");
+                            order.push(id);
+                            order.len() < ENTRIES
+                        })
+                        .await
+                        .expect("every wait succeeds");
+                    if !more {
+                        return;
+                    }
+                    tokio::task::yield_now().await;
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.expect("task");
+        }
+        let order = order.lock().expect("order").clone();
+        // Entries since the same task's previous one: TASKS in a strict rotation.
+        let mut last = [None; TASKS];
+        let mut widest = 0;
+        for (at, id) in order.iter().enumerate() {
+            if let Some(before) = last[*id]
+                && at >= 2 * TASKS
+            {
+                widest = usize::max(widest, at - before);
+            }
+            last[*id] = Some(at);
+        }
+        println!("{}: widest gap between a task's turns: {widest} entries", kind.name());
+        assert!(
+            widest <= 4 * TASKS,
+            "{}: a task waited {widest} turns ({TASKS} tasks)",
+            kind.name()
+        );
+        client.quit().await;
+    }
+}

@@ -6,7 +6,7 @@ use std::time::Duration;
 use fred::bytes::Bytes;
 use tokio::time::Instant;
 
-use super::waiters::KeyWaiters;
+use super::waiters::{KeyWaiters, Leadership};
 use super::{Engine, HANDOFF_LEASE, Held, QUEUED_POLL, Rules, TRY_LOCK_RETRY_WINDOW, WAITER_TTL};
 use crate::connection::{Ack, DEADLINE_REACHED, OpError};
 use crate::error::{LockError, LossReason, TimeoutReason};
@@ -33,7 +33,7 @@ struct WaitSlot<'a> {
     engine: &'a Engine,
     key: &'a Bytes,
     waiters: Option<Arc<KeyWaiters>>,
-    leading: bool,
+    leading: Option<Leadership>,
 }
 
 impl WaitSlot<'_> {
@@ -42,12 +42,12 @@ impl WaitSlot<'_> {
             .get_or_insert_with(|| self.engine.waiters.join(self.key))
     }
 
-    /// Leads at once if no other local task does.
+    /// Leads at once if no other local task leads or waits to.
     fn try_lead(&mut self) -> bool {
-        if !self.leading {
+        if self.leading.is_none() {
             self.leading = self.waiters().try_lead();
         }
-        self.leading
+        self.leading.is_some()
     }
 
     /// Waits (until `deadline`) for the local leader to hand over; false when out of time.
@@ -55,17 +55,14 @@ impl WaitSlot<'_> {
         let waiters = Arc::clone(self.waiters());
         self.leading = tokio::time::timeout_at(deadline, waiters.lead())
             .await
-            .is_ok();
-        self.leading
+            .ok()
+            .flatten();
+        self.leading.is_some()
     }
 
+    /// Hands leadership to the longest-waiting local follower, if leading.
     fn resign(&mut self) {
-        if self.leading
-            && let Some(waiters) = &self.waiters
-        {
-            waiters.resign();
-        }
-        self.leading = false;
+        self.leading = None;
     }
 }
 
@@ -146,7 +143,7 @@ pub(crate) async fn acquire(
         engine,
         key: &keys.lock,
         waiters: None,
-        leading: false,
+        leading: None,
     };
     let result = acquire_loop(
         engine,
@@ -575,7 +572,7 @@ mod tests {
                 engine: &engine,
                 key: &key,
                 waiters: None,
-                leading: false,
+                leading: None,
             };
             assert!(slot.try_lead());
             assert_eq!(engine.waiters.keys(), 1);
@@ -584,7 +581,7 @@ mod tests {
                 engine: &engine,
                 key: &key,
                 waiters: None,
-                leading: false,
+                leading: None,
             };
             assert!(next.try_lead(), "a dropped leader handed over");
         }

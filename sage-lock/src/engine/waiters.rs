@@ -3,14 +3,16 @@
 //! server per key, and its tasks queue on the server one at a time behind other processes'.
 //!
 //! The leader hands over as soon as it is granted (or gives up), so the next local task joins
-//! the server's queue while the lock is held. A release by this process wakes the leader.
+//! the server's queue while the lock is held. Leadership passes in arrival order: a task that
+//! just released and asks again lines up behind the tasks already waiting. A release by this
+//! process wakes the leader.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use fred::bytes::Bytes;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 /// Every key local tasks wait on.
 #[derive(Debug, Default)]
@@ -21,43 +23,47 @@ pub(crate) struct Waiters {
 }
 
 /// The local tasks waiting for one key.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct KeyWaiters {
-    /// Whether a task is asking the server for this key.
-    leader: AtomicBool,
-    /// Followers wait here for the leader to hand over.
-    turn: Notify,
+    /// The leader's permit: one, handed to followers in arrival order (tokio's semaphore is
+    /// fair, so a task that just released cannot take it back ahead of them).
+    leader: Arc<Semaphore>,
     /// The leader waits here for a release by this process.
     released: Notify,
 }
 
+impl Default for KeyWaiters {
+    fn default() -> Self {
+        KeyWaiters {
+            leader: Arc::new(Semaphore::new(1)),
+            released: Notify::new(),
+        }
+    }
+}
+
+/// Being the key's leader; dropped, it passes to the longest-waiting follower.
+#[derive(Debug)]
+pub(crate) struct Leadership {
+    _permit: OwnedSemaphorePermit,
+}
+
 impl KeyWaiters {
-    /// Becomes the key's leader if it has none.
-    pub(crate) fn try_lead(&self) -> bool {
-        self.leader
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+    /// Becomes the key's leader if nobody leads or waits to.
+    pub(crate) fn try_lead(&self) -> Option<Leadership> {
+        Arc::clone(&self.leader)
+            .try_acquire_owned()
+            .ok()
+            .map(|permit| Leadership { _permit: permit })
     }
 
-    /// Waits until this task is the leader (FIFO among followers). Cancel-safe: a hand-over
-    /// received by a dropped waiter passes on to the next one.
-    pub(crate) async fn lead(&self) {
-        loop {
-            let turn = self.turn.notified();
-            tokio::pin!(turn);
-            turn.as_mut().enable();
-            if self.try_lead() {
-                return;
-            }
-            turn.await;
-        }
-    }
-
-    /// Gives up leadership (idempotent per leader) and lets the next follower lead.
-    pub(crate) fn resign(&self) {
-        if self.leader.swap(false, Ordering::AcqRel) {
-            self.turn.notify_one();
-        }
+    /// Waits until this task is the leader (FIFO among followers). Cancel-safe: a dropped
+    /// follower leaves the line, and a leadership it was handed passes on.
+    pub(crate) async fn lead(&self) -> Option<Leadership> {
+        Arc::clone(&self.leader)
+            .acquire_owned()
+            .await
+            .ok()
+            .map(|permit| Leadership { _permit: permit })
     }
 
     /// Resolves when this process releases the key (or a permit is stored from a release that
@@ -126,22 +132,30 @@ mod tests {
         let waiters = Arc::new(Waiters::default());
         let key = Bytes::from_static(b"k");
         let first = waiters.join(&key);
-        assert!(first.try_lead());
+        let leading = first.try_lead().expect("the first task leads");
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for i in 0..3 {
             let (w, key, order) = (Arc::clone(&waiters), key.clone(), Arc::clone(&order));
             tasks.push(tokio::spawn(async move {
                 let kw = w.join(&key);
-                kw.lead().await;
+                let leading = kw.lead().await;
                 order.lock().map(|mut o| o.push(i)).ok();
-                kw.resign();
+                drop(leading);
                 w.leave(&key, kw);
             }));
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(!first.try_lead(), "a second leader while the first leads");
-        first.resign();
+        assert!(
+            first.try_lead().is_none(),
+            "a second leader while the first leads"
+        );
+        drop(leading);
+        // Handed to the first follower at once: the task that just resigned cannot barge back.
+        assert!(
+            first.try_lead().is_none(),
+            "the resigned leader took it back"
+        );
         waiters.leave(&key, first);
         for task in tasks {
             task.await.ok();
