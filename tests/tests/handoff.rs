@@ -298,9 +298,14 @@ async fn local_tasks_take_turns() {
                 loop {
                     let more = locks
                         .with_lock("k", Duration::from_secs(10), async {
-                            let mut order = order.lock().expect("order");
-                            order.push(id);
-                            order.len() < ENTRIES
+                            let entries = {
+                                let mut order = order.lock().expect("order");
+                                order.push(id);
+                                order.len()
+                            };
+                            // A 1 ms section that blocks its worker thread, like CPU-bound work.
+                            std::thread::sleep(Duration::from_millis(1));
+                            entries < ENTRIES
                         })
                         .await
                         .expect("every wait succeeds");
@@ -328,7 +333,7 @@ async fn local_tasks_take_turns() {
         }
         println!("{}: widest gap between a task's turns: {widest} entries", kind.name());
         assert!(
-            widest <= 4 * TASKS,
+            widest <= TASKS + TASKS / 2,
             "{}: a task waited {widest} turns ({TASKS} tasks)",
             kind.name()
         );
