@@ -331,7 +331,10 @@ async fn local_tasks_take_turns() {
             }
             last[*id] = Some(at);
         }
-        println!("{}: widest gap between a task's turns: {widest} entries", kind.name());
+        println!(
+            "{}: widest gap between a task's turns: {widest} entries",
+            kind.name()
+        );
         assert!(
             widest <= TASKS + TASKS / 2,
             "{}: a task waited {widest} turns ({TASKS} tasks)",
