@@ -6,7 +6,7 @@ use std::time::Duration;
 use fred::bytes::Bytes;
 use tokio::time::Instant;
 
-use super::waiters::{KeyWaiters, Leadership};
+use super::waiters::WaitSlot;
 use super::{Engine, HANDOFF_LEASE, Held, QUEUED_POLL, Rules, TRY_LOCK_RETRY_WINDOW, WAITER_TTL};
 use crate::connection::{Ack, DEADLINE_REACHED, OpError};
 use crate::error::{LockError, LossReason, TimeoutReason};
@@ -25,54 +25,6 @@ pub(crate) enum Mode {
     Wait(Duration),
     /// Report a busy lock at once.
     Try,
-}
-
-/// A task's place among this process's waiters for one key, handed back however the
-/// acquisition ends (cancellation included); a leader hands over to the next local waiter.
-struct WaitSlot<'a> {
-    engine: &'a Engine,
-    key: &'a Bytes,
-    waiters: Option<Arc<KeyWaiters>>,
-    leading: Option<Leadership>,
-}
-
-impl WaitSlot<'_> {
-    fn waiters(&mut self) -> &Arc<KeyWaiters> {
-        self.waiters
-            .get_or_insert_with(|| self.engine.waiters.join(self.key))
-    }
-
-    /// Leads at once if no other local task leads or waits to.
-    fn try_lead(&mut self) -> bool {
-        if self.leading.is_none() {
-            self.leading = self.waiters().try_lead();
-        }
-        self.leading.is_some()
-    }
-
-    /// Waits (until `deadline`) for the local leader to hand over; false when out of time.
-    async fn follow(&mut self, deadline: Instant) -> bool {
-        let waiters = Arc::clone(self.waiters());
-        self.leading = tokio::time::timeout_at(deadline, waiters.lead())
-            .await
-            .ok()
-            .flatten();
-        self.leading.is_some()
-    }
-
-    /// Hands leadership to the longest-waiting local follower, if leading.
-    fn resign(&mut self) {
-        self.leading = None;
-    }
-}
-
-impl Drop for WaitSlot<'_> {
-    fn drop(&mut self) {
-        self.resign();
-        if let Some(waiters) = self.waiters.take() {
-            self.engine.waiters.leave(self.key, waiters);
-        }
-    }
 }
 
 /// A random 128-bit owner token, as 32 hex digits.
@@ -139,12 +91,7 @@ pub(crate) async fn acquire(
         uncontended: false,
     };
     // Registered on the first "busy" reply: woken when this process releases the key.
-    let mut waiter = WaitSlot {
-        engine,
-        key: &keys.lock,
-        waiters: None,
-        leading: None,
-    };
+    let mut waiter = WaitSlot::new(&engine.waiters, &keys.lock);
     let result = acquire_loop(
         engine,
         rules,
@@ -482,7 +429,7 @@ async fn acquire_loop(
             }
         };
         let local = async {
-            match waiter.waiters.as_deref() {
+            match waiter.local() {
                 Some(local) if busy && waiting => local.released().await,
                 _ => std::future::pending().await,
             }
@@ -542,8 +489,6 @@ async fn leave_queue(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::connection::Connection;
-    use crate::topology::Deployment;
 
     #[test]
     fn tokens_are_32_lowercase_hex_digits_and_differ() {
@@ -554,37 +499,5 @@ mod tests {
                 .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
         );
         assert_ne!(a, b);
-    }
-
-    #[test]
-    fn a_dropped_wait_slot_leaves_no_waiter_behind() {
-        let conn = Connection::new(
-            fred::clients::Client::default(),
-            None,
-            Deployment::Standalone,
-            1,
-            Duration::from_secs(1),
-        );
-        let engine = Engine::new(conn);
-        for key in [b"a".as_slice(), b"b", b"a"] {
-            let key = Bytes::copy_from_slice(key);
-            let mut slot = WaitSlot {
-                engine: &engine,
-                key: &key,
-                waiters: None,
-                leading: None,
-            };
-            assert!(slot.try_lead());
-            assert_eq!(engine.waiters.keys(), 1);
-            drop(slot);
-            let mut next = WaitSlot {
-                engine: &engine,
-                key: &key,
-                waiters: None,
-                leading: None,
-            };
-            assert!(next.try_lead(), "a dropped leader handed over");
-        }
-        assert_eq!(engine.waiters.keys(), 0);
     }
 }

@@ -73,6 +73,68 @@ impl KeyWaiters {
     }
 }
 
+/// A task's place among this process's waiters for one key, handed back however the
+/// acquisition ends (cancellation included); a leader hands over to the next local waiter.
+pub(crate) struct WaitSlot<'a> {
+    all: &'a Waiters,
+    key: &'a Bytes,
+    waiters: Option<Arc<KeyWaiters>>,
+    leading: Option<Leadership>,
+}
+
+impl<'a> WaitSlot<'a> {
+    /// A place for `key`, joined on first need.
+    pub(crate) fn new(all: &'a Waiters, key: &'a Bytes) -> Self {
+        WaitSlot {
+            all,
+            key,
+            waiters: None,
+            leading: None,
+        }
+    }
+
+    fn waiters(&mut self) -> &Arc<KeyWaiters> {
+        self.waiters.get_or_insert_with(|| self.all.join(self.key))
+    }
+
+    /// Leads at once if no other local task leads or waits to.
+    pub(crate) fn try_lead(&mut self) -> bool {
+        if self.leading.is_none() {
+            self.leading = self.waiters().try_lead();
+        }
+        self.leading.is_some()
+    }
+
+    /// Waits (until `deadline`) for the local leader to hand over; false when out of time.
+    pub(crate) async fn follow(&mut self, deadline: tokio::time::Instant) -> bool {
+        let waiters = Arc::clone(self.waiters());
+        self.leading = tokio::time::timeout_at(deadline, waiters.lead())
+            .await
+            .ok()
+            .flatten();
+        self.leading.is_some()
+    }
+
+    /// Hands leadership to the longest-waiting local follower, if leading.
+    pub(crate) fn resign(&mut self) {
+        self.leading = None;
+    }
+
+    /// The key's local waiters, once joined.
+    pub(crate) fn local(&self) -> Option<&KeyWaiters> {
+        self.waiters.as_deref()
+    }
+}
+
+impl Drop for WaitSlot<'_> {
+    fn drop(&mut self) {
+        self.resign();
+        if let Some(waiters) = self.waiters.take() {
+            self.all.leave(self.key, waiters);
+        }
+    }
+}
+
 impl Waiters {
     /// The waiters of `lock_key`; hand them back with [`Waiters::leave`].
     pub(crate) fn join(&self, lock_key: &Bytes) -> Arc<KeyWaiters> {
@@ -165,5 +227,20 @@ mod tests {
             [0, 1, 2]
         );
         assert_eq!(waiters.keys(), 0);
+    }
+
+    #[test]
+    fn a_dropped_wait_slot_leaves_no_waiter_behind() {
+        let all = Waiters::default();
+        for key in [b"a".as_slice(), b"b", b"a"] {
+            let key = Bytes::copy_from_slice(key);
+            let mut slot = WaitSlot::new(&all, &key);
+            assert!(slot.try_lead());
+            assert_eq!(all.keys(), 1);
+            drop(slot);
+            let mut next = WaitSlot::new(&all, &key);
+            assert!(next.try_lead(), "a dropped leader handed over");
+        }
+        assert_eq!(all.keys(), 0);
     }
 }
