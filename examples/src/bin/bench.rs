@@ -950,6 +950,31 @@ fn report_renewal(report: &mut Report, renewal: &RenewalResult, plan: &Plan) {
         None,
     );
     report.info("", "renewals/s (client.stats)", renewals / elapsed, "/s");
+    // The renewal scripts are the only EVALSHA calls while the locks are held: their server time
+    // per call is how long each call holds the (single-threaded) server, and per renewed lock what
+    // one call for every lock on the node would hold it for.
+    let (calls, usec) = renewal
+        .usage
+        .commands
+        .0
+        .get("evalsha")
+        .copied()
+        .unwrap_or((0, 0));
+    let usec_per_call = to_f64(usec) / to_f64(calls.max(1));
+    report.info(
+        "",
+        "server time per renewal call (INFO commandstats)",
+        usec_per_call,
+        "us",
+    );
+    let usec_per_lock = to_f64(usec) / renewals.max(1.0);
+    report.info("", "server time per renewed lock", usec_per_lock, "us");
+    report.info(
+        "",
+        "one call for every lock would hold the server for",
+        usec_per_lock * locks / 1000.0,
+        "ms",
+    );
     report.info(
         "",
         "client CPU, share of one core",

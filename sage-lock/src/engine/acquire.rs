@@ -156,6 +156,14 @@ pub(crate) async fn acquire(
     }
 }
 
+/// Lets the local follower just handed leadership send its queueing attempt before this task
+/// returns to the caller's body: woken from this worker, the follower would otherwise sit in the
+/// worker's unstealable next-task slot until a body that blocks the thread ends, and miss the
+/// hand-off at release.
+async fn let_follower_queue() {
+    tokio::task::yield_now().await;
+}
+
 struct Granted {
     lease: Lease,
     attempts: u32,
@@ -237,7 +245,9 @@ async fn acquire_loop(
             && !confirm_handoffs
             && let Some(lease) = handed_off(grant, queued_at, settings, keys)
         {
-            waiter.resign();
+            if waiter.resign() {
+                let_follower_queue().await;
+            }
             client.stats.record(&settings.metrics, Event::Handoff);
             return Ok(Some(Granted {
                 lease,
@@ -271,7 +281,9 @@ async fn acquire_loop(
         match outcome {
             Ok((AcquireReply::Granted { fence }, Ack::Confirmed, granted_by)) => {
                 // The next local waiter joins the server's queue while this one holds.
-                waiter.resign();
+                if waiter.resign() {
+                    let_follower_queue().await;
+                }
                 let valid_until = sent + lease_duration - drift(lease_duration);
                 if std::time::Instant::now() >= valid_until {
                     if remaining(deadline).is_zero() {

@@ -115,9 +115,15 @@ impl<'a> WaitSlot<'a> {
         self.leading.is_some()
     }
 
-    /// Hands leadership to the longest-waiting local follower, if leading.
-    pub(crate) fn resign(&mut self) {
-        self.leading = None;
+    /// Hands leadership to the longest-waiting local follower, if leading. True when a
+    /// follower may have been handed it (other local tasks wait for the key).
+    pub(crate) fn resign(&mut self) -> bool {
+        // Held by the key's entry and this slot; more: followers' slots.
+        self.leading.take().is_some()
+            && self
+                .waiters
+                .as_ref()
+                .is_some_and(|waiters| Arc::strong_count(waiters) > 2)
     }
 
     /// The key's local waiters, once joined.
