@@ -243,10 +243,12 @@ pub async fn primitives_try_busy_and_free(target: &Target) {
     }
 }
 
-/// A 100 ms lease survives a 1 s body through renewal; the hold is gone after release.
+/// A 300 ms lease survives a 1 s body through renewal; the hold is gone after release. (Every
+/// primitive renews at once here, on a loaded machine: 300 ms leaves room for a stalled renewal
+/// on replicated deployments, where each one also waits for the replicas.)
 pub async fn primitives_renew_short_leases(target: &Target) {
     let client = target.client().await;
-    let subjects = Subject::all(target, &client, "p-renew", Duration::from_millis(100));
+    let subjects = Subject::all(target, &client, "p-renew", Duration::from_millis(300));
     let runs = subjects.into_iter().map(|subject| {
         let client = client.clone();
         async move {
