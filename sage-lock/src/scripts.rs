@@ -132,18 +132,17 @@ pub(crate) fn parse_acquire(value: Value) -> Result<AcquireReply, Error> {
         }),
         Some(0) => Ok(AcquireReply::Busy {
             pttl_ms: number,
-            fence: match fence {
-                Some(fence) => Some(
-                    fence
-                        .as_i64()
-                        .and_then(|n| u64::try_from(n).ok())
-                        .ok_or_else(protocol)?,
-                ),
-                None => None,
-            },
+            fence: fence
+                .map(|f| fence_value(f).ok_or_else(protocol))
+                .transpose()?,
         }),
         _ => Err(protocol()),
     }
+}
+
+/// A fencing token in a script reply (a non-negative integer).
+fn fence_value(value: &Value) -> Option<u64> {
+    value.as_i64().and_then(|n| u64::try_from(n).ok())
 }
 
 /// A release script's reply.
@@ -169,15 +168,10 @@ pub(crate) fn parse_release(value: &Value) -> Result<ReleaseReply, Error> {
                     .first()
                     .and_then(Value::as_bytes)
                     .map(Bytes::copy_from_slice);
-                let handed_off = match rest.get(1) {
-                    Some(fence) => Some(
-                        fence
-                            .as_i64()
-                            .and_then(|n| u64::try_from(n).ok())
-                            .ok_or_else(protocol)?,
-                    ),
-                    None => None,
-                };
+                let handed_off = rest
+                    .get(1)
+                    .map(|f| fence_value(f).ok_or_else(protocol))
+                    .transpose()?;
                 Ok(ReleaseReply {
                     released: parse_flag(flag)?,
                     head,

@@ -14,6 +14,7 @@
 //! functions start one of each per kind per test binary, lazily; tests that kill, pause or
 //! reconfigure servers must start their own instead.
 
+mod captured;
 pub mod chaos;
 mod resp;
 mod server;
@@ -21,6 +22,8 @@ pub mod tls;
 mod topology;
 
 use std::sync::OnceLock;
+
+pub use captured::Captured;
 
 pub use resp::{
     DEFAULT_TIMEOUT, RawConn, Reply, cmd, cmd_ok, cmd_timeout, commandstats_calls, info,

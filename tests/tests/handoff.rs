@@ -19,6 +19,14 @@ fn locks(client: &LockClient, ns: &str, lease: Duration) -> Locks<str> {
         .expect("options")
 }
 
+/// Two clients of one server: two processes, as far as the locks can tell.
+async fn two_clients(url: &str) -> (LockClient, LockClient) {
+    (
+        LockClient::connect(url).await.expect("connect"),
+        LockClient::connect(url).await.expect("connect"),
+    )
+}
+
 fn queue_len(port: u16, ns: &str, key: &str) -> i64 {
     let queue = format!("{{{ns}:{key}}}:queue");
     harness::cmd(port, &["LLEN", &queue])
@@ -80,10 +88,7 @@ async fn a_release_hands_the_lock_over_without_an_acquire_round_trip() {
         // A server of its own: the script count must be this test's alone.
         let server = Server::start(kind);
         let ns = ns("handoff", kind);
-        let (a, b) = (
-            LockClient::connect(&server.url()).await.expect("connect"),
-            LockClient::connect(&server.url()).await.expect("connect"),
-        );
+        let (a, b) = two_clients(&server.url()).await;
         let lease = Duration::from_secs(5);
         for round in 0..3 {
             let holder = take(&locks(&a, &ns, lease), "k", Duration::ZERO);
@@ -143,10 +148,7 @@ async fn a_handed_off_lock_is_renewed_to_its_own_lease() {
     for kind in ServerKind::ALL {
         let server = harness::shared(kind);
         let ns = ns("handoff-renew", kind);
-        let (a, b) = (
-            LockClient::connect(&server.url()).await.expect("connect"),
-            LockClient::connect(&server.url()).await.expect("connect"),
-        );
+        let (a, b) = two_clients(&server.url()).await;
         let lease = Duration::from_secs(30);
         let holder = take(&locks(&a, &ns, lease), "k", Duration::ZERO);
         holder.fence.await.expect("holder runs");
@@ -231,10 +233,7 @@ async fn a_stale_grant_message_is_ignored() {
     for kind in ServerKind::ALL {
         let server = harness::shared(kind);
         let ns = ns("handoff-stale", kind);
-        let (a, b) = (
-            LockClient::connect(&server.url()).await.expect("connect"),
-            LockClient::connect(&server.url()).await.expect("connect"),
-        );
+        let (a, b) = two_clients(&server.url()).await;
         let lease = Duration::from_secs(5);
         let holder = take(&locks(&a, &ns, lease), "k", Duration::ZERO);
         let (holder_fence, _) = holder.fence.await.expect("holder runs");

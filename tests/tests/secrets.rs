@@ -3,27 +3,10 @@
 //! callsite interest cache can miss such a subscriber while other tests on other threads
 //! register the same callsites (it once captured nothing in the full suite).
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use harness::{Server, ServerKind};
+use harness::{Captured, Server, ServerKind};
 use sage_lock::{LockClient, Locks};
-
-/// A `Write` sink shared with a tracing subscriber.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if let Ok(mut out) = self.0.lock() {
-            out.extend_from_slice(buf);
-        }
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// 10. No password in Debug of the builder or client, in errors, or in tracing output (every
 /// level, a good and a bad password).
@@ -88,8 +71,7 @@ async fn no_secret_in_debug_errors_or_traces() {
         assert!(!format!("{malformed:?}").contains(WRONG), "{malformed:?}");
         client.quit().await;
     }
-    let output = String::from_utf8_lossy(&captured.0.lock().map(|o| o.clone()).unwrap_or_default())
-        .into_owned();
+    let output = captured.text();
     assert!(output.len() > 100, "tracing captured nothing: {output}");
     assert!(!output.contains(SECRET), "password in traces");
     assert!(!output.contains(WRONG), "wrong password in traces");

@@ -237,27 +237,11 @@ async fn acl_without_channels_waiters_fall_back_to_polling() {
     }
 }
 
-/// A `Write` sink shared with a tracing subscriber.
-#[derive(Clone, Default)]
-struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if let Ok(mut out) = self.0.lock() {
-            out.extend_from_slice(buf);
-        }
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// A release the ACL denies: the body's result is returned, the failure is logged with the
 /// server's message and the grant, and the key expires with its lease.
 #[tokio::test]
 async fn acl_denied_release_is_logged_with_the_grant() {
-    let captured = Captured::default();
+    let captured = harness::Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::WARN)
@@ -289,8 +273,7 @@ async fn acl_denied_release_is_logged_with_the_grant() {
         );
         client.quit().await;
     }
-    let logs = String::from_utf8_lossy(&captured.0.lock().map(|l| l.clone()).unwrap_or_default())
-        .into_owned();
+    let logs = captured.text();
     assert_eq!(
         logs.matches("release failed").count(),
         2,
