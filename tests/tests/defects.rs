@@ -636,6 +636,59 @@ async fn late_grant_is_retried_within_the_wait() {
     }
 }
 
+/// 14b. A grant whose reply arrives with less of its usable lease left than the hold's safety
+/// net keeps in reserve (the chaos suite, Sentinel, seed 7: a `WAIT` that ended 585 ms into a
+/// 600 ms lease) is retried within the wait too. It used to be handed to the hold, whose safety
+/// net fired before the body was first polled: `LockLost(RenewalFailed("no renewal completed in
+/// time"))` with the body never run. `CLIENT PAUSE WRITE` (with `hz 500`, so the pause ends
+/// within 2 ms of its time) holds the acquisition's script until 4.922 s into a 5 s lease:
+/// 26 ms before the usable lease ends (5 s minus the 52 ms drift margin), inside the 52 ms
+/// the safety net keeps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nearly_spent_grant_is_retried_not_lost() {
+    for kind in ServerKind::ALL {
+        let server = Server::start_with(kind, &["--hz", "500"]);
+        let client = LockClient::builder()
+            .url(&server.url())
+            .command_timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("nearly-spent")
+                    .lease(Duration::from_secs(5)),
+            )
+            .expect("opts");
+        locks
+            .with_lock("k", Duration::from_secs(1), async {})
+            .await
+            .expect("warm");
+        server.cmd_ok(&["CLIENT", "PAUSE", "4922", "WRITE"]);
+        let started = Instant::now();
+        let result = locks
+            .with_lock("k", Duration::from_secs(8), async {
+                sage_lock::current_lease().map(|lease| lease.remaining())
+            })
+            .await;
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(4800),
+            "{}: the pause did not hold the acquisition ({took:?})",
+            kind.name()
+        );
+        let remaining = result
+            .unwrap_or_else(|e| panic!("{}: the body never ran: {e}", kind.name()))
+            .expect("a lease inside the body");
+        assert!(
+            remaining > Duration::from_secs(1),
+            "{}: the body ran on a spent lease ({remaining:?} left)",
+            kind.name()
+        );
+    }
+}
+
 /// 15. After a Sentinel failover the shared connection may still reach the old primary, which
 /// keeps claiming the primary role for seconds (writes there are lost) before answering READONLY.
 /// Releases on it must still remove the lock on the new primary, and the shared connection must

@@ -182,6 +182,38 @@ async fn a_handed_off_lock_is_renewed_to_its_own_lease() {
     }
 }
 
+/// A long lease (120 s: its drift margin, 1.2 s, is more than half the 2 s hand-off lease) is
+/// handed over too: the waiter's body runs and keeps a valid lease past the hand-off lease.
+/// Such a grant used to be taken from the message with less usable lease left than the hold's
+/// safety net keeps, so the net cancelled it before the body ran (`LockLost`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_lease_is_handed_over_and_held() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let ns = ns("handoff-long", kind);
+        let (a, b) = two_clients(&server.url()).await;
+        let lease = Duration::from_secs(120);
+        let holder = take(&locks(&a, &ns, lease), "k", Duration::ZERO);
+        let (first_fence, _) = holder.fence.await.expect("holder runs");
+        let waiter = take(&locks(&b, &ns, lease), "k", Duration::from_millis(2_500));
+        until_queued(server.port(), &ns, "k").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        holder.release.send(()).expect("release");
+        holder.done.await.expect("holder task");
+        let (fence, _) = waiter.fence.await.expect("waiter runs");
+        assert_eq!(fence, first_fence + 1, "{}", kind.name());
+        waiter.release.send(()).expect("release");
+        waiter
+            .done
+            .await
+            .expect("waiter holds past the hand-off lease");
+        assert_eq!(b.stats().losses, 0, "{}", kind.name());
+        for client in [a, b] {
+            client.quit().await;
+        }
+    }
+}
+
 /// With replica acknowledgement, a handed-off grant is confirmed by the waiter's own attempt
 /// (whose `WAIT` then covers it): no grant is taken from the message alone, and the waiter still
 /// gets the next fencing token promptly.

@@ -6,6 +6,7 @@ use std::time::Duration;
 use fred::bytes::Bytes;
 use tokio::time::Instant;
 
+use super::hold::safety_lead;
 use super::waiters::WaitSlot;
 use super::{Engine, HANDOFF_LEASE, Held, QUEUED_POLL, Rules, TRY_LOCK_RETRY_WINDOW, WAITER_TTL};
 use crate::connection::{Ack, DEADLINE_REACHED, OpError};
@@ -285,13 +286,16 @@ async fn acquire_loop(
                     let_follower_queue().await;
                 }
                 let valid_until = sent + lease_duration - drift(lease_duration);
-                if std::time::Instant::now() >= valid_until {
+                // A grant with no more of its usable lease left than the hold's safety net keeps
+                // in reserve would be cancelled before the body first ran: it counts as spent.
+                let reserve = safety_lead(lease_duration, drift(lease_duration));
+                if std::time::Instant::now() + reserve >= valid_until {
                     if remaining(deadline).is_zero() {
                         return Err(Stop::Lost(LossReason::ExpiredBeforeStart));
                     }
-                    // The reply came after the lease was spent (a slow or paused server): the
-                    // grant is worthless, but the wait is not over. The same token tries again
-                    // (the script re-grants or extends its own hold).
+                    // The reply came after the lease was (all but) spent (a slow or paused
+                    // server, a long `WAIT`): the grant is worthless, but the wait is not over.
+                    // The same token tries again (the script re-grants or extends its own hold).
                     client
                         .stats
                         .record(&settings.metrics, Event::TransientRetry);
@@ -469,7 +473,10 @@ fn handed_off(
     let margin = drift(settings.lease);
     let valid_until = since + granted_for.saturating_sub(margin);
     let now = std::time::Instant::now();
-    if valid_until.saturating_duration_since(now) < granted_for / 4 {
+    // Beyond what the hold's safety net keeps in reserve (a long lease's margin can exceed half
+    // the hand-off lease), a quarter of the hand-off lease must be left.
+    let reserve = safety_lead(settings.lease, margin);
+    if valid_until.saturating_duration_since(now) < reserve + granted_for / 4 {
         return None;
     }
     // Held from now on, as far as the minimum hold and `held_for` are concerned.

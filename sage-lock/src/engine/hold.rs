@@ -89,7 +89,7 @@ pub(super) async fn lease_ran_out(lease: &Lease, lease_duration: Duration) {
 
 /// How long before the end of the usable lease the safety net fires: the drift margin, and at
 /// least a tenth of the lease up to 10 ms (a coarse or busy timer may wake that late).
-fn safety_lead(lease: Duration, margin: Duration) -> Duration {
+pub(super) fn safety_lead(lease: Duration, margin: Duration) -> Duration {
     margin.max((lease / 10).min(Duration::from_millis(10)))
 }
 

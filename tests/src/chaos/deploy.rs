@@ -84,6 +84,27 @@ impl Deployment {
         all
     }
 
+    /// Copies every server's log (data servers and Sentinels) into `dir` as `server-<port>.log`,
+    /// with `clock.txt` relating the logs' wall-clock times to the histories' monotonic ones.
+    pub fn copy_logs(&self, dir: &std::path::Path) {
+        let mut servers = self.client_facing();
+        servers.push(&self.store);
+        for server in servers {
+            let _ = std::fs::copy(
+                server.log_path(),
+                dir.join(format!("server-{}.log", server.port())),
+            );
+        }
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let _ = std::fs::write(
+            dir.join("clock.txt"),
+            format!("monotonic_ns {} unix_ns {wall}\n", super::clock::now_ns()),
+        );
+    }
+
     /// The data servers that currently say `role:master`.
     pub fn primaries(&self) -> Vec<&Server> {
         self.data_servers()

@@ -193,6 +193,7 @@ pub fn coordinate(args: &RunArgs) -> Result<i32, String> {
     // `SAGE_LOCK_CHAOS_KEEP=1` keeps the histories of a passing run too (to study one).
     let keep = std::env::var_os("SAGE_LOCK_CHAOS_KEEP").is_some_and(|v| v == "1");
     if failed || keep || !report.late_losses.is_empty() {
+        deploy.copy_logs(&dir);
         println!(
             "chaos: replay with --seed {}; histories in {}",
             args.seed,
