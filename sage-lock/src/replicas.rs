@@ -26,12 +26,22 @@
 //! no acknowledging replica at all; the hold covers that window several times over. A ROLE that
 //! shows the node is not a primary forgets its floor: a node promoted again starts afresh.
 //!
+//! The count alone is not enough: replicas are also tracked by identity (`ip:port` from `ROLE`).
+//! A replica that a primary listed and no longer lists still counts as one that must
+//! acknowledge, until it has been missing for [`REPLICA_LOSS_HOLD`] or is listed again; a
+//! replica that joined meanwhile does not stand in for it. The chaos suite found why
+//! (`--topology sentinel --server redis --seconds 120 --seed 7`, 7 tokens granted twice): Sentinel
+//! promoted the old primary's only replica and, before that failover ended, attached the previous
+//! failover's not yet demoted primary to the *old* primary (`+convert-to-slave`, because its
+//! configuration still named the old one). The count was back to 1; grants acknowledged by that
+//! newcomer were dropped when it resynced from the new primary a fraction of a second later.
+//!
 //! The floor is learned, per client, from what it has observed (an idle client keeps its floor:
 //! the hold runs only from the first `ROLE` showing the smaller count). A client that has seen no
 //! `ROLE` yet (a new process, possibly arriving inside such a window) starts, through Sentinel,
 //! from Sentinel's count of replicas that are up ([`crate::sentinel`]). What this does not cover:
-//! a client without Sentinel (or whose Sentinels do not answer) starts from `ROLE`; the count is
-//! a number, not a set of replica identities (a replica leaving while another joins keeps it);
+//! a client without Sentinel (or whose Sentinels do not answer) starts from `ROLE`; identities
+//! are what `ROLE` reports (a replica announcing another address counts as another replica);
 //! and a failover that takes longer than the hold to move the remaining replicas (many replicas
 //! with `parallel-syncs 1`, large datasets) reopens the window. Sentinel's view cannot replace
 //! `ROLE`: it names the old primary (`SENTINEL GET-MASTER-ADDR-BY-NAME`) until the replicas are
@@ -55,7 +65,7 @@ use fred::types::config::Server;
 pub const REPLICA_LOSS_HOLD: Duration = Duration::from_secs(5);
 
 /// What the client knows about one primary's replicas.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct NodeHint {
     /// The count the last `ROLE` listed: the first guess for `WAIT` (0: start over).
     last: i64,
@@ -63,15 +73,54 @@ struct NodeHint {
     floor: i64,
     /// Since when `ROLE` has listed fewer than `floor` replicas.
     shrunk_since: Option<Instant>,
+    /// Replicas (`ip:port`) the node listed before and does not list now, with since when:
+    /// each still counts as a replica that must acknowledge, until it has been missing for
+    /// [`REPLICA_LOSS_HOLD`] (or is listed again). A newcomer does not stand in for one.
+    missing: HashMap<String, Instant>,
+    /// The replicas the last `ROLE` listed.
+    listed: Vec<String>,
 }
 
 impl NodeHint {
+    fn new(last: i64, floor: i64) -> NodeHint {
+        NodeHint {
+            last,
+            floor,
+            shrunk_since: None,
+            missing: HashMap::new(),
+            listed: Vec::new(),
+        }
+    }
+
     /// The floor as of `now` (the hold may have passed since the last `ROLE`).
     fn floor_at(&self, now: Instant) -> i64 {
         match self.shrunk_since {
             Some(since) if now.saturating_duration_since(since) >= REPLICA_LOSS_HOLD => self.last,
             _ => self.floor,
         }
+    }
+
+    /// Replicas that left less than [`REPLICA_LOSS_HOLD`] before `now`.
+    fn missing_at(&self, now: Instant) -> i64 {
+        let recent = self
+            .missing
+            .values()
+            .filter(|since| now.saturating_duration_since(**since) < REPLICA_LOSS_HOLD)
+            .count();
+        i64::try_from(recent).unwrap_or(i64::MAX)
+    }
+
+    /// Records the replicas a `ROLE` listed at `now`.
+    fn observe_members(&mut self, listed: &[String], now: Instant) {
+        for gone in self.listed.iter().filter(|id| !listed.contains(id)) {
+            self.missing.entry(gone.clone()).or_insert(now);
+        }
+        for id in listed {
+            self.missing.remove(id);
+        }
+        self.missing
+            .retain(|_, since| now.saturating_duration_since(*since) < REPLICA_LOSS_HOLD);
+        self.listed = listed.to_vec();
     }
 }
 
@@ -91,18 +140,32 @@ impl ReplicaHints {
         self.0
             .lock()
             .ok()
-            .and_then(|map| map.get(node).map(|h| h.last.max(h.floor_at(now))))
+            .and_then(|map| {
+                map.get(node).map(|h| {
+                    h.last
+                        .saturating_add(h.missing_at(now))
+                        .max(h.floor_at(now))
+                })
+            })
             .unwrap_or(1)
             .max(1)
     }
 
-    /// Records a `ROLE` of `node` (`replicas` listed; `primary`: its role) and returns how many
-    /// replicas must acknowledge a write it made: the listed count, the floor, and at least 1.
-    pub(crate) fn observe(&self, node: Option<Server>, primary: bool, replicas: i64) -> i64 {
-        self.observe_at(node, primary, replicas, Instant::now())
+    /// Records a `ROLE` of `node` (the replicas it lists, `ip:port`; `primary`: its role) and
+    /// returns how many replicas must acknowledge a write it made: at least the listed count
+    /// plus the replicas that left it recently, the floor, and 1.
+    pub(crate) fn observe(&self, node: Option<Server>, primary: bool, listed: &[String]) -> i64 {
+        self.observe_at(node, primary, listed, Instant::now())
     }
 
-    fn observe_at(&self, node: Option<Server>, primary: bool, replicas: i64, now: Instant) -> i64 {
+    fn observe_at(
+        &self,
+        node: Option<Server>,
+        primary: bool,
+        listed: &[String],
+        now: Instant,
+    ) -> i64 {
+        let replicas = i64::try_from(listed.len()).unwrap_or(i64::MAX);
         let Ok(mut map) = self.0.lock() else {
             return replicas.max(1);
         };
@@ -110,12 +173,12 @@ impl ReplicaHints {
             map.remove(&node);
             return replicas.max(1);
         }
-        let hint = map.entry(node).or_insert(NodeHint {
-            last: replicas,
-            floor: replicas,
-            shrunk_since: None,
-        });
+        let hint = map
+            .entry(node)
+            .or_insert_with(|| NodeHint::new(replicas, replicas));
         hint.last = replicas;
+        hint.observe_members(listed, now);
+        let with_missing = replicas.saturating_add(hint.missing_at(now));
         if replicas >= hint.floor {
             hint.floor = replicas;
             hint.shrunk_since = None;
@@ -126,18 +189,16 @@ impl ReplicaHints {
                 hint.shrunk_since = None;
             }
         }
-        replicas.max(hint.floor).max(1)
+        with_missing.max(hint.floor).max(1)
     }
 
     /// Raises `node`'s floor to `replicas` (what Sentinel knows of, for a client that has seen no
     /// `ROLE` of the node yet); a smaller count listed later must then last the hold like any.
     pub(crate) fn seed(&self, node: Option<Server>, replicas: i64) {
         if let Ok(mut map) = self.0.lock() {
-            let hint = map.entry(node).or_insert(NodeHint {
-                last: 0,
-                floor: replicas,
-                shrunk_since: None,
-            });
+            let hint = map
+                .entry(node)
+                .or_insert_with(|| NodeHint::new(0, replicas));
             hint.floor = hint.floor.max(replicas);
         }
     }
@@ -158,43 +219,90 @@ impl ReplicaHints {
 mod tests {
     use super::*;
 
+    /// `n` replicas, `127.0.0.1:7001` and up.
+    fn n(count: u16) -> Vec<String> {
+        (1..=count)
+            .map(|i| format!("127.0.0.1:{}", 7000 + i))
+            .collect()
+    }
+
     #[test]
     fn a_replica_leaving_keeps_the_floor_for_the_hold() {
         let hints = ReplicaHints::default();
         let t0 = Instant::now();
         assert_eq!(hints.guess_at(&None, t0), 1, "no history: at least 1");
-        assert_eq!(hints.observe_at(None, true, 2, t0), 2);
+        assert_eq!(hints.observe_at(None, true, &n(2), t0), 2);
         // One replica leaves (promoted elsewhere, or dead): still 2, for the whole hold.
         let t1 = t0 + Duration::from_secs(1);
-        assert_eq!(hints.observe_at(None, true, 1, t1), 2);
+        assert_eq!(hints.observe_at(None, true, &n(1), t1), 2);
         assert_eq!(hints.guess_at(&None, t1), 2);
         let almost = t1 + REPLICA_LOSS_HOLD - Duration::from_millis(1);
-        assert_eq!(hints.observe_at(None, true, 1, almost), 2);
+        assert_eq!(hints.observe_at(None, true, &n(1), almost), 2);
         // Forgetting the guesses keeps the floor.
         hints.forget_guesses();
         assert_eq!(hints.guess_at(&None, almost), 2);
         // Seen shrunk for the hold: the smaller count is accepted (the guess follows first).
         let after = t1 + REPLICA_LOSS_HOLD;
         assert_eq!(hints.guess_at(&None, after), 1);
-        assert_eq!(hints.observe_at(None, true, 1, after), 1);
-        assert_eq!(hints.observe_at(None, true, 0, after), 1, "at least 1");
+        assert_eq!(hints.observe_at(None, true, &n(1), after), 1);
+        assert_eq!(hints.observe_at(None, true, &n(0), after), 1, "at least 1");
     }
 
     #[test]
     fn a_returning_replica_restores_the_count_and_resets_the_clock() {
         let hints = ReplicaHints::default();
         let t0 = Instant::now();
-        hints.observe_at(None, true, 2, t0);
-        hints.observe_at(None, true, 1, t0);
+        hints.observe_at(None, true, &n(2), t0);
+        hints.observe_at(None, true, &n(1), t0);
         let back = t0 + REPLICA_LOSS_HOLD / 2;
-        assert_eq!(hints.observe_at(None, true, 2, back), 2);
+        assert_eq!(hints.observe_at(None, true, &n(2), back), 2);
         // A second departure starts the hold again.
         let gone = back + Duration::from_millis(10);
-        assert_eq!(hints.observe_at(None, true, 1, gone), 2);
-        assert_eq!(hints.observe_at(None, true, 1, t0 + REPLICA_LOSS_HOLD), 2);
-        assert_eq!(hints.observe_at(None, true, 1, gone + REPLICA_LOSS_HOLD), 1);
+        assert_eq!(hints.observe_at(None, true, &n(1), gone), 2);
+        assert_eq!(
+            hints.observe_at(None, true, &n(1), t0 + REPLICA_LOSS_HOLD),
+            2
+        );
+        assert_eq!(
+            hints.observe_at(None, true, &n(1), gone + REPLICA_LOSS_HOLD),
+            1
+        );
         // More replicas raise the floor at once.
-        assert_eq!(hints.observe_at(None, true, 3, gone + REPLICA_LOSS_HOLD), 3);
+        assert_eq!(
+            hints.observe_at(None, true, &n(3), gone + REPLICA_LOSS_HOLD),
+            3
+        );
+    }
+
+    #[test]
+    fn a_newcomer_does_not_stand_in_for_a_replica_that_left() {
+        // Sentinel promotes the old primary's one replica (7001), then, before the failover
+        // ends, attaches another node (7002) to the old primary: the count is back to 1, but
+        // 7002 will resync from the new primary and drop what it acknowledged here.
+        let hints = ReplicaHints::default();
+        let t0 = Instant::now();
+        let one = vec!["127.0.0.1:7001".to_owned()];
+        let other = vec!["127.0.0.1:7002".to_owned()];
+        assert_eq!(hints.observe_at(None, true, &one, t0), 1);
+        assert_eq!(hints.observe_at(None, true, &[], t0), 1);
+        let swapped = t0 + Duration::from_millis(900);
+        assert_eq!(hints.observe_at(None, true, &other, swapped), 2);
+        assert_eq!(hints.guess_at(&None, swapped), 2);
+        // Seen directly, without the empty list in between, too.
+        let direct = ReplicaHints::default();
+        direct.observe_at(None, true, &one, t0);
+        assert_eq!(direct.observe_at(None, true, &other, t0), 2);
+        // Once the replica has been gone for the hold, the newcomer is enough.
+        let later = t0 + REPLICA_LOSS_HOLD;
+        assert_eq!(hints.observe_at(None, true, &other, later), 1);
+        assert_eq!(direct.observe_at(None, true, &other, later), 1);
+        // The one that left coming back clears it at once.
+        let back = ReplicaHints::default();
+        back.observe_at(None, true, &one, t0);
+        assert_eq!(back.observe_at(None, true, &other, t0), 2);
+        let both = [one[0].clone(), other[0].clone()];
+        assert_eq!(back.observe_at(None, true, &both, t0), 2);
+        assert_eq!(back.observe_at(None, true, &other, t0), 2, "it left again");
     }
 
     #[test]
@@ -203,12 +311,18 @@ mod tests {
         let t0 = Instant::now();
         hints.seed(None, 2);
         assert_eq!(hints.guess_at(&None, t0), 2);
-        assert_eq!(hints.observe_at(None, true, 1, t0), 2);
-        assert_eq!(hints.observe_at(None, true, 1, t0 + REPLICA_LOSS_HOLD), 1);
+        assert_eq!(hints.observe_at(None, true, &n(1), t0), 2);
+        assert_eq!(
+            hints.observe_at(None, true, &n(1), t0 + REPLICA_LOSS_HOLD),
+            1
+        );
         // A seed never lowers what was seen.
-        hints.observe_at(None, true, 3, t0 + REPLICA_LOSS_HOLD);
+        hints.observe_at(None, true, &n(3), t0 + REPLICA_LOSS_HOLD);
         hints.seed(None, 1);
-        assert_eq!(hints.observe_at(None, true, 3, t0 + REPLICA_LOSS_HOLD), 3);
+        assert_eq!(
+            hints.observe_at(None, true, &n(3), t0 + REPLICA_LOSS_HOLD),
+            3
+        );
     }
 
     #[test]
@@ -219,11 +333,11 @@ mod tests {
             Some(Server::new("10.0.0.1", 6379)),
             Some(Server::new("10.0.0.2", 6379)),
         );
-        hints.observe_at(a.clone(), true, 2, t0);
-        assert_eq!(hints.observe_at(b.clone(), true, 1, t0), 1);
-        assert_eq!(hints.observe_at(a.clone(), true, 1, t0), 2);
+        hints.observe_at(a.clone(), true, &n(2), t0);
+        assert_eq!(hints.observe_at(b.clone(), true, &n(1), t0), 1);
+        assert_eq!(hints.observe_at(a.clone(), true, &n(1), t0), 2);
         // `a` is a replica now; promoted again later, it starts from what it lists then.
-        assert_eq!(hints.observe_at(a.clone(), false, 0, t0), 1);
-        assert_eq!(hints.observe_at(a, true, 1, t0), 1);
+        assert_eq!(hints.observe_at(a.clone(), false, &n(0), t0), 1);
+        assert_eq!(hints.observe_at(a, true, &n(1), t0), 1);
     }
 }

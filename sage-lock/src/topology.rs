@@ -48,11 +48,11 @@ impl Deployment {
     }
 }
 
-/// A node's `ROLE`: its role name and, for a primary, how many replicas it lists.
+/// A node's `ROLE`: its role name and, for a primary, the replicas it lists (`ip:port`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Role {
     pub(crate) name: String,
-    pub(crate) replicas: i64,
+    pub(crate) replicas: Vec<String>,
 }
 
 impl Role {
@@ -72,10 +72,24 @@ pub(crate) fn parse_role(value: Value) -> Result<Role, Error> {
         .and_then(Value::as_string)
         .ok_or_else(protocol)?;
     let replicas = match items.get(2) {
-        Some(Value::Array(list)) => i64::try_from(list.len()).unwrap_or(i64::MAX),
-        _ => 0,
+        Some(Value::Array(list)) => list
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| replica_id(entry).unwrap_or_else(|| format!("#{i}")))
+            .collect(),
+        _ => Vec::new(),
     };
     Ok(Role { name, replicas })
+}
+
+/// `ip:port` of one replica entry of a primary's `ROLE` reply (`[ip, port, offset]`).
+fn replica_id(entry: &Value) -> Option<String> {
+    let Value::Array(fields) = entry else {
+        return None;
+    };
+    let ip = fields.first()?.as_string()?;
+    let port = fields.get(1)?.as_string()?;
+    Some(format!("{ip}:{port}"))
 }
 
 /// The outcome of a lock script run with the replicated-deployment checks.
@@ -178,7 +192,7 @@ pub(crate) async fn run_checked(
             }
             other => other?,
         };
-        let required = hints.observe(node, role.is_primary(), role.replicas);
+        let required = hints.observe(node, role.is_primary(), &role.replicas);
         if wait_until.is_none() {
             return Ok(Checked {
                 reply,
@@ -213,13 +227,27 @@ mod tests {
 
     #[test]
     fn role_parsing() {
+        let replica = |port: &str| {
+            Value::Array(vec![
+                Value::from("127.0.0.1"),
+                Value::from(port),
+                Value::from("10"),
+            ])
+        };
         let primary = Value::Array(vec![
             Value::from("master"),
             Value::Integer(10),
-            Value::Array(vec![Value::Array(vec![]), Value::Array(vec![])]),
+            Value::Array(vec![replica("7001"), replica("7002"), Value::Array(vec![])]),
         ]);
         let role = parse_role(primary).ok();
-        assert_eq!(role.as_ref().map(|r| r.replicas), Some(2));
+        assert_eq!(
+            role.as_ref().map(|r| r.replicas.clone()),
+            Some(vec![
+                "127.0.0.1:7001".to_owned(),
+                "127.0.0.1:7002".to_owned(),
+                "#2".to_owned()
+            ])
+        );
         assert!(role.is_some_and(|r| r.is_primary()));
         let replica = Value::Array(vec![
             Value::from("slave"),

@@ -184,6 +184,89 @@ async fn renewal_needs_every_replica_seen_before_one_left() {
     }
 }
 
+/// The chaos suite's Sentinel runs (Redis, seed 7: 7 fencing tokens granted twice) found the
+/// count not enough: Sentinel promoted the old primary's only replica and, before the failover
+/// ended, attached the previous failover's stale primary to the *old* primary as a new replica.
+/// The count was back to 1, grants there were acknowledged by the newcomer, and the newcomer then
+/// resynced from the new primary and dropped them. A replica that left is not replaced by one
+/// that joined: until it has been gone for the hold, writes are not acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_does_not_stand_in_for_a_replica_that_left() {
+    for kind in ServerKind::ALL {
+        let setup = Replicated::start(kind, 1);
+        let newcomer = harness::Server::start(kind);
+        let client = connect(&setup).await;
+        let locks: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("floor-swap")
+                    .lease(Duration::from_secs(2)),
+            )
+            .expect("opts");
+        for _ in 0..3 {
+            locks
+                .with_lock("k", Duration::from_secs(2), async {})
+                .await
+                .expect("the replica attached");
+        }
+        // What Sentinel did: the replica is promoted, another node attached to the old primary.
+        setup.replicas[0].cmd_ok(&["REPLICAOF", "NO", "ONE"]);
+        let primary = setup.primary.port().to_string();
+        newcomer.cmd_ok(&["REPLICAOF", "127.0.0.1", &primary]);
+        let listed = format!("port={},state=online", newcomer.port());
+        harness::wait_until(Duration::from_secs(20), || {
+            match harness::info_field(setup.primary.port(), "replication", "slave0") {
+                Some(line) if line.contains(&listed) => Ok(()),
+                other => Err(format!("slave0 {other:?}")),
+            }
+        })
+        .expect("the newcomer is the primary's one replica");
+        wait_connected_replicas(&setup, 1);
+        let ran = AtomicBool::new(false);
+        let started = Instant::now();
+        let result = locks
+            .with_lock("k", Duration::from_millis(1500), async {
+                ran.store(true, Ordering::SeqCst);
+            })
+            .await;
+        match &result {
+            Err(LockError::TimedOut {
+                reason:
+                    TimeoutReason::NotAcknowledged {
+                        acknowledged: 1,
+                        required: 2,
+                    },
+                ..
+            }) => {}
+            other => panic!(
+                "{}: a grant acknowledged only by a replica that joined after the one seen \
+                 before left was accepted: {other:?}",
+                kind.name()
+            ),
+        }
+        assert!(!ran.load(Ordering::SeqCst), "{}: body ran", kind.name());
+        // The price is bounded: once the replica has been gone for the hold, the newcomer counts.
+        let back = locks
+            .with_lock("k", HOLD + Duration::from_secs(5), async { 7 })
+            .await;
+        let available_after = started.elapsed();
+        assert_eq!(
+            back.unwrap_or_else(|e| panic!("{}: after the hold: {e:?}", kind.name())),
+            7
+        );
+        assert!(
+            available_after >= HOLD,
+            "{}: the newcomer was accepted after {available_after:?}, before {HOLD:?}",
+            kind.name()
+        );
+        println!(
+            "{}: replica swapped -> TimedOut(NotAcknowledged 1/2); granted again \
+             {available_after:?} later (hold {HOLD:?})",
+            kind.name()
+        );
+    }
+}
+
 /// A replica that comes back restores availability at once, without waiting out the hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn returning_replica_restores_availability() {
