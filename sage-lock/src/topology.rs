@@ -126,7 +126,7 @@ fn wait_millis(timeout: Duration) -> i64 {
 }
 
 /// Runs a script call on the primary owning its slot, in one pipeline on `conn`:
-/// `ROLE, EVALSHA[, WAIT n ms]`.
+/// `ROLE, EVALSHA[, WAIT n ms, ROLE]`.
 ///
 /// With `wait_until = Some(deadline)`, `conn` must be a dedicated connection: `WAIT` blocks it,
 /// until `deadline` at most. The number of replicas to wait for is the primary's own replica
@@ -135,7 +135,8 @@ fn wait_millis(timeout: Duration) -> i64 {
 /// guess of that count comes from the last `ROLE` seen for the node; when it was too low, the
 /// whole pipeline runs again with the right count (the lock scripts are idempotent for their
 /// token), so the write and its `WAIT` always travel together on one connection and a reconnect
-/// in between cannot fake an acknowledgement.
+/// in between cannot fake an acknowledgement. Replicas listed by the second `ROLE` but not by
+/// the first joined during `WAIT`: their acknowledgements are not counted.
 ///
 /// In a cluster, fred follows no redirection (see [`crate::redirect`]): when the script is
 /// redirected it did not run, and `ROLE`/`WAIT` judged the wrong node; the whole pipeline then
@@ -168,6 +169,9 @@ pub(crate) async fn run_checked(
             let _: () = pipeline
                 .custom(slot_command("WAIT", slot), wait_args)
                 .await?;
+            let _: () = pipeline
+                .custom(slot_command("ROLE", slot), Vec::<Value>::new())
+                .await?;
         }
         let results = pipeline.try_all::<Value>().await;
         // fred fails the whole pipeline on a redirection; only the script's can be one.
@@ -192,7 +196,7 @@ pub(crate) async fn run_checked(
             }
             other => other?,
         };
-        let required = hints.observe(node, role.is_primary(), &role.replicas);
+        let required = hints.observe(node.clone(), role.is_primary(), &role.replicas);
         if wait_until.is_none() {
             return Ok(Checked {
                 reply,
@@ -200,10 +204,24 @@ pub(crate) async fn run_checked(
                 acknowledged: None,
             });
         }
-        let acknowledged = next(&mut results)?.as_i64().unwrap_or(0);
+        let counted = next(&mut results)?.as_i64().unwrap_or(0);
+        // `WAIT` also counts replicas that attached while it blocked: one of those may be on its
+        // way to another primary (Sentinel can attach a node to the old primary mid-failover),
+        // so what it acknowledged does not count, and its arrival is recorded like any `ROLE`.
+        let after = parse_role(next(&mut results)?)?;
+        let joined = after
+            .replicas
+            .iter()
+            .filter(|id| !role.replicas.contains(id))
+            .count();
+        let required =
+            required.max(hints.observe(node.clone(), after.is_primary(), &after.replicas));
+        let acknowledged = counted.saturating_sub(i64::try_from(joined).unwrap_or(i64::MAX));
         if acknowledged < required && guess < required && rounds < 3 && role.is_primary() {
             continue;
         }
+        // A node demoted while `WAIT` blocked may drop the write: judged by its later role.
+        let role = if after.is_primary() { role } else { after };
         return Ok(Checked {
             reply,
             role,

@@ -267,6 +267,65 @@ async fn a_newcomer_does_not_stand_in_for_a_replica_that_left() {
     }
 }
 
+/// The same swap, but the newcomer attaches while the acquisition's `WAIT` blocks (the chaos
+/// suite, Sentinel Valkey seed 7, 2 tokens granted twice): the `ROLE` before the write listed
+/// no replica (1 required, for the one that left) and `WAIT` then counted the newcomer's
+/// acknowledgement. A replica that joined during the `WAIT` acknowledges nothing that counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_joining_during_wait_does_not_acknowledge() {
+    for kind in ServerKind::ALL {
+        let setup = Replicated::start(kind, 1);
+        let newcomer = harness::Server::start(kind);
+        let client = LockClient::builder()
+            .url(&setup.primary_url())
+            .replicated(true)
+            .command_timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("floor-join")
+                    .lease(Duration::from_secs(2)),
+            )
+            .expect("opts");
+        for _ in 0..3 {
+            locks
+                .with_lock("k", Duration::from_secs(2), async {})
+                .await
+                .expect("the replica attached");
+        }
+        setup.replicas[0].cmd_ok(&["REPLICAOF", "NO", "ONE"]);
+        wait_connected_replicas(&setup, 0);
+        let primary = setup.primary.port().to_string();
+        let attach = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            newcomer.cmd_ok(&["REPLICAOF", "127.0.0.1", &primary]);
+        };
+        let ran = AtomicBool::new(false);
+        let acquire = locks.with_lock("k", Duration::from_secs(3), async {
+            ran.store(true, Ordering::SeqCst);
+        });
+        let (result, ()) = tokio::join!(acquire, attach);
+        assert!(
+            matches!(
+                &result,
+                Err(LockError::TimedOut {
+                    reason: TimeoutReason::NotAcknowledged { .. },
+                    ..
+                })
+            ),
+            "{}: a grant acknowledged by a replica that joined during WAIT was accepted: \
+             {result:?}",
+            kind.name()
+        );
+        assert!(!ran.load(Ordering::SeqCst), "{}: body ran", kind.name());
+        wait_connected_replicas(&setup, 1);
+        println!("{}: replica joined during WAIT -> {result:?}", kind.name());
+    }
+}
+
 /// A replica that comes back restores availability at once, without waiting out the hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn returning_replica_restores_availability() {
