@@ -47,6 +47,25 @@ fn detach_one(setup: &Replicated) {
     wait_connected_replicas(setup, 1);
 }
 
+/// Locks in `namespace` (2 s lease), taken three times while the primary's replica is attached,
+/// so the client has seen it in `ROLE`.
+async fn warmed_locks(client: &LockClient, namespace: &str) -> Locks<str> {
+    let locks: Locks<str> = client
+        .lock_with(
+            LockOptions::new()
+                .namespace(namespace)
+                .lease(Duration::from_secs(2)),
+        )
+        .expect("opts");
+    for _ in 0..3 {
+        locks
+            .with_lock("k", Duration::from_secs(2), async {})
+            .await
+            .expect("the replica attached");
+    }
+    locks
+}
+
 fn lock_key_exists(setup: &Replicated, namespace: &str, key: &str) -> bool {
     let name = format!("{{{namespace}:{key}}}");
     setup.primary.cmd_ok(&["EXISTS", &name]).as_int() == Some(1)
@@ -196,19 +215,7 @@ async fn a_newcomer_does_not_stand_in_for_a_replica_that_left() {
         let setup = Replicated::start(kind, 1);
         let newcomer = harness::Server::start(kind);
         let client = connect(&setup).await;
-        let locks: Locks<str> = client
-            .lock_with(
-                LockOptions::new()
-                    .namespace("floor-swap")
-                    .lease(Duration::from_secs(2)),
-            )
-            .expect("opts");
-        for _ in 0..3 {
-            locks
-                .with_lock("k", Duration::from_secs(2), async {})
-                .await
-                .expect("the replica attached");
-        }
+        let locks = warmed_locks(&client, "floor-swap").await;
         // What Sentinel did: the replica is promoted, another node attached to the old primary.
         setup.replicas[0].cmd_ok(&["REPLICAOF", "NO", "ONE"]);
         let primary = setup.primary.port().to_string();
@@ -283,19 +290,7 @@ async fn a_replica_joining_during_wait_does_not_acknowledge() {
             .connect()
             .await
             .expect("connect");
-        let locks: Locks<str> = client
-            .lock_with(
-                LockOptions::new()
-                    .namespace("floor-join")
-                    .lease(Duration::from_secs(2)),
-            )
-            .expect("opts");
-        for _ in 0..3 {
-            locks
-                .with_lock("k", Duration::from_secs(2), async {})
-                .await
-                .expect("the replica attached");
-        }
+        let locks = warmed_locks(&client, "floor-join").await;
         setup.replicas[0].cmd_ok(&["REPLICAOF", "NO", "ONE"]);
         wait_connected_replicas(&setup, 0);
         let primary = setup.primary.port().to_string();
