@@ -66,6 +66,34 @@ async fn warmed_locks(client: &LockClient, namespace: &str) -> Locks<str> {
     locks
 }
 
+/// Waits for `k` once more and asserts it is granted after [`HOLD`] (counted from `started`,
+/// the first acquisition that saw the replica missing) but not much later; returns when.
+async fn granted_after_the_hold(
+    locks: &Locks<str>,
+    started: Instant,
+    kind: ServerKind,
+) -> Duration {
+    let back = locks
+        .with_lock("k", HOLD + Duration::from_secs(5), async { 7 })
+        .await;
+    let available_after = started.elapsed();
+    assert_eq!(
+        back.unwrap_or_else(|e| panic!("{}: after the hold: {e:?}", kind.name())),
+        7
+    );
+    assert!(
+        available_after >= HOLD,
+        "{}: fewer replicas were accepted after {available_after:?}, before {HOLD:?}",
+        kind.name()
+    );
+    assert!(
+        available_after < HOLD + Duration::from_secs(3),
+        "{}: availability came back only after {available_after:?}",
+        kind.name()
+    );
+    available_after
+}
+
 fn lock_key_exists(setup: &Replicated, namespace: &str, key: &str) -> bool {
     let name = format!("{{{namespace}:{key}}}");
     setup.primary.cmd_ok(&["EXISTS", &name]).as_int() == Some(1)
@@ -124,24 +152,7 @@ async fn grant_needs_every_replica_seen_before_one_left() {
         );
         // Availability comes back once the smaller count has been seen for the hold interval
         // (measured from the first acquisition that saw it).
-        let back = locks
-            .with_lock("k", HOLD + Duration::from_secs(5), async { 7 })
-            .await;
-        let available_after = started.elapsed();
-        assert_eq!(
-            back.unwrap_or_else(|e| panic!("{}: after the hold: {e:?}", kind.name())),
-            7
-        );
-        assert!(
-            available_after >= HOLD,
-            "{}: the smaller count was accepted after {available_after:?}, before {HOLD:?}",
-            kind.name()
-        );
-        assert!(
-            available_after < HOLD + Duration::from_secs(3),
-            "{}: availability came back only after {available_after:?}",
-            kind.name()
-        );
+        let available_after = granted_after_the_hold(&locks, started, kind).await;
         println!(
             "{}: one of two replicas detached -> TimedOut(NotAcknowledged 1/2) after \
              {refused_after:?}; granted again {available_after:?} after the detach (hold {HOLD:?})",
@@ -253,19 +264,7 @@ async fn a_newcomer_does_not_stand_in_for_a_replica_that_left() {
         }
         assert!(!ran.load(Ordering::SeqCst), "{}: body ran", kind.name());
         // The price is bounded: once the replica has been gone for the hold, the newcomer counts.
-        let back = locks
-            .with_lock("k", HOLD + Duration::from_secs(5), async { 7 })
-            .await;
-        let available_after = started.elapsed();
-        assert_eq!(
-            back.unwrap_or_else(|e| panic!("{}: after the hold: {e:?}", kind.name())),
-            7
-        );
-        assert!(
-            available_after >= HOLD,
-            "{}: the newcomer was accepted after {available_after:?}, before {HOLD:?}",
-            kind.name()
-        );
+        let available_after = granted_after_the_hold(&locks, started, kind).await;
         println!(
             "{}: replica swapped -> TimedOut(NotAcknowledged 1/2); granted again \
              {available_after:?} later (hold {HOLD:?})",
