@@ -1,8 +1,6 @@
 //! The attribute's arguments, parsed into a validated [`Args`]. Every problem is collected (with
 //! its own span and a message that says how to fix it) rather than stopping at the first one.
 
-use std::fmt::Display;
-
 use proc_macro2::{Span, TokenStream};
 use syn::ext::IdentExt as _;
 use syn::parse::{Parse, ParseStream, Parser as _};
@@ -10,50 +8,11 @@ use syn::punctuated::Punctuated;
 use syn::{Expr, Ident, Lit, LitStr, Token};
 
 use crate::duration::{format_millis, parse_millis};
+use crate::errors::Errors;
 use crate::suggest::{NAMES, unknown_argument};
 
 /// The shortest lease the runtime accepts, in milliseconds.
 const MIN_LEASE_MILLIS: u64 = 30;
-
-/// Accumulates `syn::Error`s into one.
-#[derive(Debug, Default)]
-pub(crate) struct Errors(Option<syn::Error>);
-
-impl Errors {
-    pub(crate) fn push(&mut self, error: syn::Error) {
-        match &mut self.0 {
-            Some(existing) => existing.combine(error),
-            None => self.0 = Some(error),
-        }
-    }
-
-    pub(crate) fn at(&mut self, span: Span, message: impl Display) {
-        self.push(syn::Error::new(span, message));
-    }
-
-    /// An error underlining all of `tokens` (from their first to their last token).
-    pub(crate) fn spanned(&mut self, tokens: impl quote::ToTokens, message: impl Display) {
-        self.push(syn::Error::new_spanned(tokens, message));
-    }
-
-    /// Every message collected so far (for tests).
-    #[cfg(test)]
-    pub(crate) fn messages(self) -> Vec<String> {
-        self.0
-            .map(|error| error.into_iter().map(|e| e.to_string()).collect())
-            .unwrap_or_default()
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.0.is_none()
-    }
-
-    pub(crate) fn into_compile_errors(self) -> TokenStream {
-        self.0
-            .map(syn::Error::into_compile_error)
-            .unwrap_or_default()
-    }
-}
 
 /// How the key is given.
 pub(crate) enum KeyArg {
@@ -447,10 +406,7 @@ mod tests {
     fn messages(tokens: TokenStream) -> Vec<String> {
         let mut errors = Errors::default();
         let _ = parse(tokens, &mut errors);
-        errors
-            .0
-            .map(|error| error.into_iter().map(|e| e.to_string()).collect())
-            .unwrap_or_default()
+        errors.messages()
     }
 
     #[test]

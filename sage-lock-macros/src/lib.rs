@@ -5,12 +5,14 @@
 
 mod args;
 mod duration;
+mod errors;
 mod expand;
 mod key;
 mod modes;
 mod profile;
 mod shape;
 mod suggest;
+mod tokens;
 
 use proc_macro::TokenStream;
 

@@ -5,7 +5,8 @@
 use proc_macro2::Span;
 use syn::{Expr, Lit};
 
-use crate::args::{Args, Errors, KeyArg, as_lit};
+use crate::args::{Args, KeyArg, as_lit};
+use crate::errors::Errors;
 use crate::suggest::closest;
 
 /// Which side of a read-write lock `mode` asks for.

@@ -11,107 +11,25 @@
 //! key no longer holds the owner's token, when the granting node stops being a primary, or when the
 //! usable lease runs out first; the owner's `with_lock` call hears of it through a oneshot channel.
 
+mod batch;
+mod target;
+
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use fred::bytes::Bytes;
-use fred::types::Value;
-use fred::types::config::Server;
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::acl::denial_hint;
-use crate::connection::{Ack, Connection, OpError};
+use crate::connection::Connection;
 use crate::error::LossReason;
-use crate::lease::{Lease, drift};
-use crate::observe::{Event, Metrics};
-use crate::retry::{Backoff, Failure, classify, is_readonly, millis};
-use crate::scripts::Script;
+use crate::lease::drift;
+use crate::observe::Event;
+use crate::retry::Backoff;
 use crate::topology::Deployment;
-
-/// Most locks renewed by one script call.
-const MAX_BATCH: usize = 256;
-
-/// Renews many holds of one slot at once. `ARGV[1]` is the lease in ms; `KEYS[i]` is renewed
-/// per `ARGV[2i]`: `o` (the key holds the token `ARGV[2i + 1]`: `PEXPIRE` it) or `m` (the token
-/// is a member of the sorted set `KEYS[i]`, scored by its expiry in server ms: move its expiry
-/// and keep the set alive at least as long). Replies one 1 (renewed) or 0 (no longer ours) per
-/// key. A key of the wrong type counts as "no longer ours" for that key alone.
-const RENEW_MANY: &str = r"
-local lease = tonumber(ARGV[1])
-local now
-local renewed = {}
-for i = 1, #KEYS do
-  local kind, token = ARGV[2 * i], ARGV[2 * i + 1]
-  renewed[i] = 0
-  if kind == 'o' then
-    local held = redis.pcall('GET', KEYS[i])
-    -- A mutex holder's value may carry the queued mark ('+').
-    if held == token or held == token .. '+' then
-      renewed[i] = redis.call('PEXPIRE', KEYS[i], lease)
-    end
-  else
-    if not now then
-      local t = redis.call('TIME')
-      now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    end
-    local score = redis.pcall('ZSCORE', KEYS[i], token)
-    if type(score) == 'string' and tonumber(score) > now then
-      redis.call('ZADD', KEYS[i], now + lease, token)
-      if redis.call('PTTL', KEYS[i]) < lease then
-        redis.call('PEXPIRE', KEYS[i], lease)
-      end
-      renewed[i] = 1
-    end
-  end
-end
-return renewed
-";
-
-static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_MANY));
-
-/// Where one hold lives on the server, for renewal.
-#[derive(Debug, Clone)]
-pub(crate) struct RenewTarget {
-    /// The key that holds the token (or the set it is a member of).
-    pub(crate) key: Bytes,
-    pub(crate) kind: HoldKind,
-}
-
-/// How a hold is stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum HoldKind {
-    /// The key's value is the owner's token; its TTL is the lease.
-    Owner,
-    /// The token is a member of a sorted set, scored by its expiry (server ms). Used by the
-    /// primitives that keep several holders per key (semaphore, read lock).
-    Member,
-}
-
-impl HoldKind {
-    fn code(self) -> &'static str {
-        match self {
-            HoldKind::Owner => "o",
-            HoldKind::Member => "m",
-        }
-    }
-}
-
-/// What the renewer needs about one hold.
-pub(crate) struct Renewal {
-    /// The hash slot of the hold's keys.
-    pub(crate) slot: u16,
-    pub(crate) target: RenewTarget,
-    pub(crate) token: Bytes,
-    pub(crate) lease_duration: Duration,
-    pub(crate) replica_ack: bool,
-    pub(crate) lease: Lease,
-    /// The primary that granted the lock (replicated deployments).
-    pub(crate) granted_by: Option<Server>,
-    pub(crate) metrics: Arc<Metrics>,
-}
+use batch::{Batch, BatchKey, Outcome};
+pub(crate) use target::{HoldKind, RenewTarget, Renewal};
 
 struct Entry {
     renewal: Renewal,
@@ -389,196 +307,18 @@ async fn schedule(renewer: Weak<Shared>, wake: Arc<Notify>) {
             let by_slot = renewer.conn.deployment == Deployment::Cluster;
             for batch in renewer.take_due(Instant::now(), by_slot) {
                 let renewer = Arc::clone(&renewer);
-                tokio::spawn(async move { batch.renew(&renewer).await });
+                tokio::spawn(async move {
+                    let attempt = batch.renew(&renewer.conn).await;
+                    for (id, outcome) in attempt.outcomes {
+                        renewer.settle(id, attempt.sent, outcome);
+                    }
+                });
             }
             renewer.plan_sleep(Instant::now() + Duration::from_secs(60))
         };
         tokio::select! {
             () = tokio::time::sleep_until(next) => {}
             () = wake.notified() => {}
-        }
-    }
-}
-
-/// What one attempt meant for one lock.
-enum Outcome {
-    Renewed,
-    Lost(LossReason),
-    Retry(LossReason),
-}
-
-/// Locks that can be renewed by one call: same slot (clusters only: a script's keys must share
-/// one), acknowledgement mode, lease and granting node.
-#[derive(PartialEq, Eq, Hash)]
-struct BatchKey {
-    slot: Option<u16>,
-    replica_ack: bool,
-    lease: Duration,
-    granted_by: Option<Server>,
-}
-
-impl BatchKey {
-    fn of(renewal: &Renewal, by_slot: bool) -> Self {
-        BatchKey {
-            slot: by_slot.then_some(renewal.slot),
-            replica_ack: renewal.replica_ack,
-            lease: renewal.lease_duration,
-            granted_by: renewal.granted_by.clone(),
-        }
-    }
-}
-
-struct Batch {
-    slot: u16,
-    replica_ack: bool,
-    lease: Duration,
-    granted_by: Option<Server>,
-    ids: Vec<u64>,
-    keys: Vec<Bytes>,
-    tokens: Vec<Value>,
-    /// The earliest end of a usable lease in the batch: the call's deadline.
-    deadline: Option<Instant>,
-}
-
-impl Batch {
-    fn new(renewal: &Renewal) -> Self {
-        Batch {
-            slot: renewal.slot,
-            replica_ack: renewal.replica_ack,
-            lease: renewal.lease_duration,
-            granted_by: renewal.granted_by.clone(),
-            ids: Vec::new(),
-            keys: Vec::new(),
-            tokens: Vec::new(),
-            deadline: None,
-        }
-    }
-
-    fn add(&mut self, id: u64, renewal: &Renewal) {
-        self.ids.push(id);
-        self.keys.push(renewal.target.key.clone());
-        self.tokens.push(Value::from(renewal.target.kind.code()));
-        self.tokens.push(Value::Bytes(renewal.token.clone()));
-        let valid_until = renewal.lease.deadline();
-        self.deadline = Some(self.deadline.map_or(valid_until, |d| d.min(valid_until)));
-    }
-
-    /// Splits into batches of at most [`MAX_BATCH`] locks.
-    fn split(self) -> Vec<Batch> {
-        if self.ids.len() <= MAX_BATCH {
-            return vec![self];
-        }
-        let mut out = Vec::new();
-        let (mut ids, mut keys, mut tokens) = (self.ids, self.keys, self.tokens);
-        while !ids.is_empty() {
-            let take = ids.len().min(MAX_BATCH);
-            out.push(Batch {
-                slot: self.slot,
-                replica_ack: self.replica_ack,
-                lease: self.lease,
-                granted_by: self.granted_by.clone(),
-                ids: ids.drain(..take).collect(),
-                keys: keys.drain(..take).collect(),
-                tokens: tokens.drain(..2 * take).collect(),
-                deadline: self.deadline,
-            });
-        }
-        out
-    }
-
-    /// One renewal attempt for every lock in the batch.
-    async fn renew(self, renewer: &Shared) {
-        let sent = std::time::Instant::now();
-        let deadline = self.deadline.unwrap_or_else(Instant::now);
-        let mut args = Vec::with_capacity(1 + self.tokens.len());
-        args.push(Value::Integer(millis(self.lease)));
-        args.extend(self.tokens);
-        let call = RENEW.call(self.slot, self.keys, args);
-        let result = renewer
-            .conn
-            .run(
-                &call,
-                self.replica_ack,
-                deadline,
-                self.granted_by.as_ref(),
-                None,
-            )
-            .await;
-        let outcomes: Vec<Outcome> = match result {
-            Ok((Value::Array(flags), Ack::Confirmed, _)) => flags
-                .iter()
-                .map(|flag| match flag.as_i64() {
-                    Some(1) => Outcome::Renewed,
-                    _ => Outcome::Lost(LossReason::NotOwner),
-                })
-                .collect(),
-            Ok((_, Ack::Confirmed, _)) => {
-                let problem =
-                    LossReason::RenewalFailed("unexpected reply to the renewal script".into());
-                self.ids
-                    .iter()
-                    .map(|_| Outcome::Retry(problem.clone()))
-                    .collect()
-            }
-            Ok((_, Ack::NotPrimary(role), _)) => self
-                .ids
-                .iter()
-                .map(|_| Outcome::Lost(LossReason::RoleChanged(role.clone())))
-                .collect(),
-            Ok((
-                _,
-                Ack::Short {
-                    acknowledged,
-                    required,
-                },
-                _,
-            )) => {
-                let problem = LossReason::NotAcknowledged {
-                    acknowledged,
-                    required,
-                };
-                self.ids
-                    .iter()
-                    .map(|_| Outcome::Retry(problem.clone()))
-                    .collect()
-            }
-            Err(OpError::Failed(error)) if is_readonly(&error) => {
-                let reason =
-                    LossReason::RoleChanged(format!("the server answered {}", error.details()));
-                self.ids
-                    .iter()
-                    .map(|_| Outcome::Lost(reason.clone()))
-                    .collect()
-            }
-            Err(OpError::Failed(error)) => {
-                let problem = LossReason::RenewalFailed(match denial_hint(&error, None) {
-                    Some(hint) => format!("{error} ({hint})"),
-                    None => error.to_string(),
-                });
-                let permanent = classify(&error) == Failure::Permanent;
-                self.ids
-                    .iter()
-                    .map(|_| {
-                        if permanent {
-                            Outcome::Lost(problem.clone())
-                        } else {
-                            Outcome::Retry(problem.clone())
-                        }
-                    })
-                    .collect()
-            }
-            Err(OpError::PoolExhausted) => {
-                let problem = LossReason::RenewalFailed(
-                    "no dedicated connection became free (raise max_connections)".into(),
-                );
-                self.ids
-                    .iter()
-                    .map(|_| Outcome::Retry(problem.clone()))
-                    .collect()
-            }
-        };
-        for (id, outcome) in self.ids.iter().zip(outcomes) {
-            renewer.settle(*id, sent, outcome);
         }
     }
 }

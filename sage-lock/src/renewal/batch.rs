@@ -1,0 +1,249 @@
+//! One renewal call: the script that renews many holds of one slot at once, the batches of
+//! holds that can share a call, and what an attempt meant for each hold.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use fred::bytes::Bytes;
+use fred::types::Value;
+use fred::types::config::Server;
+use tokio::time::Instant;
+
+use super::target::Renewal;
+use crate::acl::denial_hint;
+use crate::connection::{Ack, Connection, OpError};
+use crate::error::LossReason;
+use crate::retry::{Failure, classify, is_readonly, millis};
+use crate::scripts::Script;
+
+/// Most locks renewed by one script call.
+const MAX_BATCH: usize = 256;
+
+/// Renews many holds of one slot at once. `ARGV[1]` is the lease in ms; `KEYS[i]` is renewed
+/// per `ARGV[2i]`: `o` (the key holds the token `ARGV[2i + 1]`: `PEXPIRE` it) or `m` (the token
+/// is a member of the sorted set `KEYS[i]`, scored by its expiry in server ms: move its expiry
+/// and keep the set alive at least as long). Replies one 1 (renewed) or 0 (no longer ours) per
+/// key. A key of the wrong type counts as "no longer ours" for that key alone.
+const RENEW_MANY: &str = r"
+local lease = tonumber(ARGV[1])
+local now
+local renewed = {}
+for i = 1, #KEYS do
+  local kind, token = ARGV[2 * i], ARGV[2 * i + 1]
+  renewed[i] = 0
+  if kind == 'o' then
+    local held = redis.pcall('GET', KEYS[i])
+    -- A mutex holder's value may carry the queued mark ('+').
+    if held == token or held == token .. '+' then
+      renewed[i] = redis.call('PEXPIRE', KEYS[i], lease)
+    end
+  else
+    if not now then
+      local t = redis.call('TIME')
+      now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+    local score = redis.pcall('ZSCORE', KEYS[i], token)
+    if type(score) == 'string' and tonumber(score) > now then
+      redis.call('ZADD', KEYS[i], now + lease, token)
+      if redis.call('PTTL', KEYS[i]) < lease then
+        redis.call('PEXPIRE', KEYS[i], lease)
+      end
+      renewed[i] = 1
+    end
+  end
+end
+return renewed
+";
+
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_MANY));
+
+/// What one attempt meant for one lock.
+pub(super) enum Outcome {
+    Renewed,
+    Lost(LossReason),
+    Retry(LossReason),
+}
+
+/// The outcome of one renewal call: when it was sent, and what it meant for each lock.
+pub(super) struct Attempt {
+    pub(super) sent: std::time::Instant,
+    pub(super) outcomes: Vec<(u64, Outcome)>,
+}
+
+/// Locks that can be renewed by one call: same slot (clusters only: a script's keys must share
+/// one), acknowledgement mode, lease and granting node.
+#[derive(PartialEq, Eq, Hash)]
+pub(super) struct BatchKey {
+    slot: Option<u16>,
+    replica_ack: bool,
+    lease: Duration,
+    granted_by: Option<Server>,
+}
+
+impl BatchKey {
+    pub(super) fn of(renewal: &Renewal, by_slot: bool) -> Self {
+        BatchKey {
+            slot: by_slot.then_some(renewal.slot),
+            replica_ack: renewal.replica_ack,
+            lease: renewal.lease_duration,
+            granted_by: renewal.granted_by.clone(),
+        }
+    }
+}
+
+/// Locks renewed by one script call, and the call's deadline.
+pub(super) struct Batch {
+    slot: u16,
+    replica_ack: bool,
+    lease: Duration,
+    granted_by: Option<Server>,
+    ids: Vec<u64>,
+    keys: Vec<Bytes>,
+    tokens: Vec<Value>,
+    /// The earliest end of a usable lease in the batch: the call's deadline.
+    deadline: Option<Instant>,
+}
+
+impl Batch {
+    pub(super) fn new(renewal: &Renewal) -> Self {
+        Batch {
+            slot: renewal.slot,
+            replica_ack: renewal.replica_ack,
+            lease: renewal.lease_duration,
+            granted_by: renewal.granted_by.clone(),
+            ids: Vec::new(),
+            keys: Vec::new(),
+            tokens: Vec::new(),
+            deadline: None,
+        }
+    }
+
+    pub(super) fn add(&mut self, id: u64, renewal: &Renewal) {
+        self.ids.push(id);
+        self.keys.push(renewal.target.key.clone());
+        self.tokens.push(Value::from(renewal.target.kind.code()));
+        self.tokens.push(Value::Bytes(renewal.token.clone()));
+        let valid_until = renewal.lease.deadline();
+        self.deadline = Some(self.deadline.map_or(valid_until, |d| d.min(valid_until)));
+    }
+
+    /// Splits into batches of at most [`MAX_BATCH`] locks.
+    pub(super) fn split(self) -> Vec<Batch> {
+        if self.ids.len() <= MAX_BATCH {
+            return vec![self];
+        }
+        let mut out = Vec::new();
+        let (mut ids, mut keys, mut tokens) = (self.ids, self.keys, self.tokens);
+        while !ids.is_empty() {
+            let take = ids.len().min(MAX_BATCH);
+            out.push(Batch {
+                slot: self.slot,
+                replica_ack: self.replica_ack,
+                lease: self.lease,
+                granted_by: self.granted_by.clone(),
+                ids: ids.drain(..take).collect(),
+                keys: keys.drain(..take).collect(),
+                tokens: tokens.drain(..2 * take).collect(),
+                deadline: self.deadline,
+            });
+        }
+        out
+    }
+
+    /// One renewal attempt for every lock in the batch: what it meant for each (by id), and when
+    /// it was sent, on the real clock (see `crate::lease`).
+    pub(super) async fn renew(self, conn: &Connection) -> Attempt {
+        let sent = std::time::Instant::now();
+        let deadline = self.deadline.unwrap_or_else(Instant::now);
+        let mut args = Vec::with_capacity(1 + self.tokens.len());
+        args.push(Value::Integer(millis(self.lease)));
+        args.extend(self.tokens);
+        let call = RENEW.call(self.slot, self.keys, args);
+        let result = conn
+            .run(
+                &call,
+                self.replica_ack,
+                deadline,
+                self.granted_by.as_ref(),
+                None,
+            )
+            .await;
+        let outcomes: Vec<Outcome> = match result {
+            Ok((Value::Array(flags), Ack::Confirmed, _)) => flags
+                .iter()
+                .map(|flag| match flag.as_i64() {
+                    Some(1) => Outcome::Renewed,
+                    _ => Outcome::Lost(LossReason::NotOwner),
+                })
+                .collect(),
+            Ok((_, Ack::Confirmed, _)) => {
+                let problem =
+                    LossReason::RenewalFailed("unexpected reply to the renewal script".into());
+                self.ids
+                    .iter()
+                    .map(|_| Outcome::Retry(problem.clone()))
+                    .collect()
+            }
+            Ok((_, Ack::NotPrimary(role), _)) => self
+                .ids
+                .iter()
+                .map(|_| Outcome::Lost(LossReason::RoleChanged(role.clone())))
+                .collect(),
+            Ok((
+                _,
+                Ack::Short {
+                    acknowledged,
+                    required,
+                },
+                _,
+            )) => {
+                let problem = LossReason::NotAcknowledged {
+                    acknowledged,
+                    required,
+                };
+                self.ids
+                    .iter()
+                    .map(|_| Outcome::Retry(problem.clone()))
+                    .collect()
+            }
+            Err(OpError::Failed(error)) if is_readonly(&error) => {
+                let reason =
+                    LossReason::RoleChanged(format!("the server answered {}", error.details()));
+                self.ids
+                    .iter()
+                    .map(|_| Outcome::Lost(reason.clone()))
+                    .collect()
+            }
+            Err(OpError::Failed(error)) => {
+                let problem = LossReason::RenewalFailed(match denial_hint(&error, None) {
+                    Some(hint) => format!("{error} ({hint})"),
+                    None => error.to_string(),
+                });
+                let permanent = classify(&error) == Failure::Permanent;
+                self.ids
+                    .iter()
+                    .map(|_| {
+                        if permanent {
+                            Outcome::Lost(problem.clone())
+                        } else {
+                            Outcome::Retry(problem.clone())
+                        }
+                    })
+                    .collect()
+            }
+            Err(OpError::PoolExhausted) => {
+                let problem = LossReason::RenewalFailed(
+                    "no dedicated connection became free (raise max_connections)".into(),
+                );
+                self.ids
+                    .iter()
+                    .map(|_| Outcome::Retry(problem.clone()))
+                    .collect()
+            }
+        };
+        Attempt {
+            sent,
+            outcomes: self.ids.into_iter().zip(outcomes).collect(),
+        }
+    }
+}
