@@ -217,6 +217,66 @@ async fn stalled_replica_loses_held_lock() {
     }
 }
 
+/// A replica stall that outlasts one renewal's `WAIT` but not the usable lease: that renewal
+/// comes up short, its retry (on a fresh dedicated connection, since a short `WAIT` may mean a
+/// failover) is acknowledged once the replica is back, and the body runs to completion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_stall_within_the_lease_is_ridden_out() {
+    for kind in ServerKind::ALL {
+        let setup = Replicated::start(kind, 1);
+        // A server ends a timed-out `WAIT` up to 1000/`hz` ms late (100 ms at the default
+        // `hz 10`), which would eat most of the retry's room in this 1.2 s lease.
+        setup.primary.cmd_ok(&["CONFIG", "SET", "hz", "100"]);
+        let client = connect_replicated(&setup).await;
+        let lease = Duration::from_millis(1200);
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("brief-stall").lease(lease))
+            .expect("opts");
+        let before = client.stats();
+        let mut stall = Duration::ZERO;
+        let result = locks
+            .with_lock("k", Duration::from_secs(2), async {
+                // The first renewal is due 400 ms after the grant.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                setup.replicas[0].pause();
+                let paused = Instant::now();
+                // Resume as soon as a renewal has come up short (expected about 640 ms into the
+                // stall, when its `WAIT` ends; bounded in case none ever does).
+                while client.stats().renewal_failures == before.renewal_failures
+                    && paused.elapsed() < Duration::from_secs(2)
+                {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                setup.replicas[0].resume();
+                stall = paused.elapsed();
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+                "finished"
+            })
+            .await;
+        setup.replicas[0].resume();
+        assert_eq!(
+            result.unwrap_or_else(|e| panic!("{}: lost in a brief stall: {e}", kind.name())),
+            "finished"
+        );
+        let after = client.stats();
+        assert!(
+            after.renewal_failures > before.renewal_failures,
+            "{}: no renewal came up short in a {stall:?} stall: {after:?}",
+            kind.name()
+        );
+        assert!(
+            after.renewals >= before.renewals + 3 && after.losses == before.losses,
+            "{}: {after:?}",
+            kind.name()
+        );
+        println!(
+            "{}: replica stalled {stall:?} -> {} renewal(s) short, lock kept",
+            kind.name(),
+            after.renewal_failures - before.renewal_failures
+        );
+    }
+}
+
 /// A user without permission for ROLE or WAIT gets an error that names the command and the fix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_acl_permissions_are_named() {
