@@ -1,0 +1,58 @@
+//! The end-of-run correctness check: counters against reported increments, overlaps, fencing.
+
+use std::collections::BTreeMap;
+
+use fred::interfaces::KeysInterface as _;
+use sage_lock::LockClient;
+use sage_lock_examples::ThrowawayServer;
+
+use crate::{Settings, WorkerView, data_keys, key_name};
+
+/// The end-of-run correctness check.
+#[derive(Debug, Default)]
+pub(crate) struct Check {
+    /// key -> (counter in Redis, increments reported by workers)
+    pub(crate) counters: BTreeMap<String, (u64, u64)>,
+    pub(crate) overlaps: u64,
+    pub(crate) lost_updates: u64,
+    pub(crate) fence_regressions: u64,
+}
+
+impl Check {
+    pub(crate) async fn new(
+        server: &ThrowawayServer,
+        run: &str,
+        settings: &Settings,
+        views: &[WorkerView],
+    ) -> anyhow::Result<Check> {
+        let client = LockClient::connect(server.url()).await?;
+        let mut check = Check::default();
+        for index in 0..settings.keys {
+            let key = key_name(index);
+            let (counter_key, owner_key, fence_key) = data_keys(run, &key);
+            let stored: Option<u64> = client.fred().get(&counter_key).await?;
+            let reported: u64 = views
+                .iter()
+                .filter_map(|v| v.done.as_ref())
+                .filter_map(|d| d["increments"][&key].as_u64())
+                .sum();
+            let stored = stored.unwrap_or(0);
+            check.lost_updates += reported.abs_diff(stored);
+            check.counters.insert(key, (stored, reported));
+            let _: i64 = client
+                .fred()
+                .del(vec![counter_key, owner_key, fence_key])
+                .await?;
+        }
+        for done in views.iter().filter_map(|v| v.done.as_ref()) {
+            check.overlaps += done["overlaps"].as_u64().unwrap_or(0);
+            check.fence_regressions += done["fence_regressions"].as_u64().unwrap_or(0);
+        }
+        client.quit().await;
+        Ok(check)
+    }
+
+    pub(crate) fn exclusive(&self) -> bool {
+        self.overlaps == 0 && self.lost_updates == 0 && self.fence_regressions == 0
+    }
+}
