@@ -47,8 +47,8 @@ fn detach_one(setup: &Replicated) {
     wait_connected_replicas(setup, 1);
 }
 
-/// Locks in `namespace` (2 s lease), taken three times while the primary's replica is attached,
-/// so the client has seen it in `ROLE`.
+/// Locks in `namespace` (2 s lease), taken three times while the primary's replicas are
+/// attached, so the client has seen them in `ROLE`.
 async fn warmed_locks(client: &LockClient, namespace: &str) -> Locks<str> {
     let locks: Locks<str> = client
         .lock_with(
@@ -61,7 +61,7 @@ async fn warmed_locks(client: &LockClient, namespace: &str) -> Locks<str> {
         locks
             .with_lock("k", Duration::from_secs(2), async {})
             .await
-            .expect("the replica attached");
+            .expect("the replicas attached");
     }
     locks
 }
@@ -107,19 +107,7 @@ async fn grant_needs_every_replica_seen_before_one_left() {
     for kind in ServerKind::ALL {
         let setup = Replicated::start(kind, 2);
         let client = connect(&setup).await;
-        let locks: Locks<str> = client
-            .lock_with(
-                LockOptions::new()
-                    .namespace("floor")
-                    .lease(Duration::from_secs(2)),
-            )
-            .expect("opts");
-        for _ in 0..3 {
-            locks
-                .with_lock("k", Duration::from_secs(2), async {})
-                .await
-                .expect("both replicas attached");
-        }
+        let locks = warmed_locks(&client, "floor").await;
         detach_one(&setup);
         let ran = AtomicBool::new(false);
         let started = Instant::now();
