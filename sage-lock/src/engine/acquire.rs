@@ -6,14 +6,16 @@ use std::time::Duration;
 use fred::bytes::Bytes;
 use tokio::time::Instant;
 
+use super::handoff::handed_off;
 use super::hold::safety_lead;
+use super::token::new_token;
 use super::waiters::WaitSlot;
-use super::{Engine, HANDOFF_LEASE, Held, QUEUED_POLL, Rules, TRY_LOCK_RETRY_WINDOW, WAITER_TTL};
+use super::{Engine, Held, QUEUED_POLL, Rules, TRY_LOCK_RETRY_WINDOW, WAITER_TTL};
 use crate::connection::{Ack, DEADLINE_REACHED, OpError};
 use crate::error::{LockError, LossReason, TimeoutReason};
 use crate::key::LockKeys;
 use crate::lease::{Lease, drift};
-use crate::notify::{Grant, Subscribed, Watch};
+use crate::notify::{Subscribed, Watch};
 use crate::observe::Event;
 use crate::options::LockSettings;
 use crate::retry::{Backoff, Failure, classify, deadline_after, remaining};
@@ -26,17 +28,6 @@ pub(crate) enum Mode {
     Wait(Duration),
     /// Report a busy lock at once.
     Try,
-}
-
-/// A random 128-bit owner token, as 32 hex digits.
-fn new_token() -> Bytes {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let bits = rand::random::<u128>();
-    let mut digits = [0_u8; 32];
-    for (i, digit) in digits.iter_mut().enumerate() {
-        *digit = HEX[usize::from(u8::try_from((bits >> (124 - 4 * i)) & 0xf).unwrap_or(0))];
-    }
-    Bytes::copy_from_slice(&digits)
 }
 
 /// Acquires per `mode`: `Ok(None)` only in [`Mode::Try`] when the lock is busy.
@@ -458,38 +449,6 @@ async fn acquire_loop(
     }
 }
 
-/// The lease of a hold a release handed to this waiter, queued at `queued_at`; `None` when too
-/// little of it may be left to trust without asking the server (the next attempt confirms it).
-fn handed_off(
-    grant: Grant,
-    queued_at: std::time::Instant,
-    settings: &LockSettings,
-    keys: &LockKeys,
-) -> Option<Lease> {
-    // The server set the hand-off lease no earlier than this process's own release was sent,
-    // nor than this waiter's last busy attempt.
-    let since = grant.since.map_or(queued_at, |since| since.max(queued_at));
-    let granted_for = settings.lease.min(HANDOFF_LEASE);
-    let margin = drift(settings.lease);
-    let valid_until = since + granted_for.saturating_sub(margin);
-    let now = std::time::Instant::now();
-    // Beyond what the hold's safety net keeps in reserve (a long lease's margin can exceed half
-    // the hand-off lease), a quarter of the hand-off lease must be left.
-    let reserve = safety_lead(settings.lease, margin);
-    if valid_until.saturating_duration_since(now) < reserve + granted_for / 4 {
-        return None;
-    }
-    // Held from now on, as far as the minimum hold and `held_for` are concerned.
-    Some(Lease::new(
-        Arc::clone(&keys.display),
-        Arc::clone(&settings.namespace),
-        grant.fence,
-        now,
-        valid_until,
-        margin,
-    ))
-}
-
 /// Takes `token` out of the lock's server-side queue (the release call does that too).
 async fn leave_queue(
     engine: &Engine,
@@ -502,21 +461,5 @@ async fn leave_queue(
     let limit = deadline.min(Instant::now() + super::RELEASE_TIMEOUT);
     if let Err(error) = engine.conn.run_plain(&call, limit).await {
         tracing::debug!(?error, "leaving the waiter queue failed; the place expires");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tokens_are_32_lowercase_hex_digits_and_differ() {
-        let (a, b) = (new_token(), new_token());
-        assert_eq!(a.len(), 32);
-        assert!(
-            a.iter()
-                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
-        );
-        assert_ne!(a, b);
     }
 }

@@ -8,9 +8,11 @@
 
 mod acquire;
 mod fences;
+mod handoff;
 mod hold;
 mod multi;
 mod reentry;
+mod token;
 mod waiters;
 
 use std::fmt;

@@ -1,0 +1,216 @@
+//! The mutex: [`Locks`], a family of exclusive locks (its scripts and server-side layout are in
+//! [`rules`]).
+
+mod rules;
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::engine::{self, Engine, Mode};
+use crate::error::LockError;
+use crate::key::{KeyCodec, LockKeys};
+use crate::options::LockSettings;
+
+pub(in crate::primitives) use rules::{MUTEX, SINCE_HORIZON_MS, script_keys, suffixed};
+
+/// A family of locks over keys of type `K` with one lease, namespace and acknowledgement mode.
+///
+/// Made by [`LockClient::lock`](crate::LockClient::lock) or
+/// [`LockClient::lock_with`](crate::LockClient::lock_with); cheap to clone. See
+/// [`Locks::with_lock`] for an example.
+pub struct Locks<K: ?Sized> {
+    pub(super) engine: Arc<Engine>,
+    pub(super) settings: Arc<LockSettings>,
+    _key: PhantomData<fn(&K)>,
+}
+
+impl<K: ?Sized> Clone for Locks<K> {
+    fn clone(&self) -> Self {
+        Locks {
+            engine: Arc::clone(&self.engine),
+            settings: Arc::clone(&self.settings),
+            _key: PhantomData,
+        }
+    }
+}
+
+impl<K: ?Sized> fmt::Debug for Locks<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locks")
+            .field("lease", &self.settings.lease)
+            .field("namespace", &self.settings.namespace)
+            .field(
+                "replica_acknowledgement",
+                &self.settings.replica_acknowledgement,
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: ?Sized> Locks<K> {
+    pub(crate) fn new(engine: Arc<Engine>, settings: LockSettings) -> Self {
+        Locks {
+            engine,
+            settings: Arc::new(settings),
+            _key: PhantomData,
+        }
+    }
+
+    /// The lease duration.
+    #[must_use]
+    pub fn lease(&self) -> Duration {
+        self.settings.lease
+    }
+
+    /// The namespace.
+    #[must_use]
+    pub fn namespace(&self) -> &str {
+        &self.settings.namespace
+    }
+
+    /// Waits up to `wait_timeout` for the lock on `key`, runs `body` while holding it (renewing
+    /// as needed), releases it, and returns the body's output.
+    ///
+    /// Construct the work inside `body`: work started before the call may run unprotected, and
+    /// tasks the body spawns without awaiting them may outlive the lock. The body runs at most
+    /// once and is never retried.
+    ///
+    /// # Errors
+    /// - [`LockError::InvalidArgument`]: `wait_timeout` is zero.
+    /// - [`LockError::TimedOut`]: not acquired within `wait_timeout` (which covers replies, retry
+    ///   delays and replica acknowledgement, not the body); cleanup may add up to a second.
+    /// - [`LockError::LockLost`]: the lease was lost; the body future was dropped.
+    /// - [`LockError::Backend`]: a non-transient server or connection error.
+    ///
+    /// Dropping the returned future stops renewal and releases the lock in the background.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: sage_lock::LockClient) -> Result<(), sage_lock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// let locks = client.lock::<String>();
+    /// let balance = locks
+    ///     .with_lock("account:42", Duration::from_secs(2), async { 100 })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_lock<Q, F>(
+        &self,
+        key: &Q,
+        wait_timeout: Duration,
+        body: F,
+    ) -> impl Future<Output = Result<F::Output, LockError>> + use<K, Q, F>
+    where
+        K: Borrow<Q>,
+        Q: KeyCodec + ?Sized,
+        F: Future,
+    {
+        let keys = self.keys(key);
+        // Boxed once here, so the futures wrapping it stay small however large the body is.
+        let body = Box::pin(body);
+        let (engine, settings) = (Arc::clone(&self.engine), Arc::clone(&self.settings));
+        let rules = Arc::clone(&MUTEX);
+        async move {
+            if wait_timeout.is_zero() {
+                return Err(LockError::invalid(
+                    "wait_timeout",
+                    "must be positive, e.g. Duration::from_secs(2); use try_with_lock to not wait",
+                ));
+            }
+            match engine::run(
+                engine,
+                rules,
+                settings,
+                keys,
+                Mode::Wait(wait_timeout),
+                body,
+            )
+            .await?
+            {
+                Some(output) => Ok(output),
+                None => Err(LockError::invalid(
+                    "wait_timeout",
+                    "internal: busy result in waiting mode",
+                )),
+            }
+        }
+    }
+
+    /// Runs `body` under the lock on `key` if it is free now: `Ok(None)` when another owner holds
+    /// it (the body is not run), `Ok(Some(output))` after running the body and releasing.
+    ///
+    /// Transient failures are retried for up to about one second (bounded by the usable lease),
+    /// then [`LockError::TimedOut`]. Other errors as for [`Locks::with_lock`].
+    pub fn try_with_lock<Q, F>(
+        &self,
+        key: &Q,
+        body: F,
+    ) -> impl Future<Output = Result<Option<F::Output>, LockError>> + use<K, Q, F>
+    where
+        K: Borrow<Q>,
+        Q: KeyCodec + ?Sized,
+        F: Future,
+    {
+        let keys = self.keys(key);
+        // Boxed once here, so the futures wrapping it stay small however large the body is.
+        let body = Box::pin(body);
+        let (engine, settings) = (Arc::clone(&self.engine), Arc::clone(&self.settings));
+        engine::run(engine, Arc::clone(&MUTEX), settings, keys, Mode::Try, body)
+    }
+
+    pub(super) fn keys<Q: KeyCodec + ?Sized>(&self, key: &Q) -> Arc<LockKeys> {
+        let mut encoded = Vec::new();
+        key.encode_key(&mut encoded);
+        Arc::new(LockKeys::new(&self.settings.namespace, &encoded))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{LockClient, LockOptions};
+
+    #[test]
+    fn lock_futures_stay_small_whatever_the_body() {
+        let client = LockClient::from_fred(fred::clients::Client::default());
+        let locks: Locks<str> = client.lock();
+        let big = [7_u8; 4096];
+        let body = async move { big.len() };
+        let waiting = locks.with_lock("k", Duration::from_secs(1), body);
+        assert!(
+            std::mem::size_of_val(&waiting) < 1024,
+            "{}",
+            std::mem::size_of_val(&waiting)
+        );
+        let trying = locks.try_with_lock("k", async move { big.len() });
+        assert!(
+            std::mem::size_of_val(&trying) < 1024,
+            "{}",
+            std::mem::size_of_val(&trying)
+        );
+    }
+
+    #[test]
+    fn invalid_options_name_the_fix() {
+        let client = LockClient::from_fred(fred::clients::Client::default());
+        let short = client.lock_with::<str>(LockOptions::new().lease(Duration::from_millis(5)));
+        assert!(matches!(
+            short,
+            Err(LockError::InvalidArgument {
+                argument: "lease",
+                ..
+            })
+        ));
+        let empty = client.lock_with::<str>(LockOptions::new().namespace(""));
+        assert!(matches!(
+            empty,
+            Err(LockError::InvalidArgument {
+                argument: "namespace",
+                ..
+            })
+        ));
+    }
+}
