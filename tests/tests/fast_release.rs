@@ -1,7 +1,8 @@
 //! The uncontended release: where the server has `DELIFEQ` (Valkey 9), a hold granted without
 //! waiting is released with that one native command; once a waiter queues behind the holder the
 //! lock's value carries the queued mark, `DELIFEQ` finds no match, and the release script hands
-//! off and notifies as before. Redis 7 has no `DELIFEQ`: the script every time.
+//! off and notifies as before. Redis 7 has no `DELIFEQ`: a one-key compare-and-delete script
+//! stands in for it, with the same fallback.
 
 use std::time::{Duration, Instant};
 
@@ -15,7 +16,9 @@ fn locks(client: &LockClient, ns: &str, lease: Duration) -> Locks<str> {
 }
 
 /// 50 uncontended cycles: one `DELIFEQ` per release on Valkey (and one script call per
-/// acquisition), two script calls per cycle on Redis; no key is left.
+/// acquisition), two script calls per cycle on Redis, the release's being the one-key
+/// compare-and-delete (it never looks at the waiter queue, which only the acquire script's
+/// `LINDEX` does); no key is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uncontended_releases_use_delifeq_where_the_server_has_it() {
     for kind in ServerKind::ALL {
@@ -35,11 +38,21 @@ async fn uncontended_releases_use_delifeq_where_the_server_has_it() {
                 .expect("uncontended cycle");
         }
         let port = server.port();
-        let (delifeq, evalsha) = (
+        let (delifeq, evalsha, lindex) = (
             commandstats_calls(port, "delifeq"),
             commandstats_calls(port, "evalsha"),
+            commandstats_calls(port, "lindex"),
         );
-        println!("{}: {delifeq} DELIFEQ, {evalsha} EVALSHA", kind.name());
+        println!(
+            "{}: {delifeq} DELIFEQ, {evalsha} EVALSHA, {lindex} LINDEX",
+            kind.name()
+        );
+        assert_eq!(
+            lindex,
+            50,
+            "{}: only acquisitions read the queue",
+            kind.name()
+        );
         match kind {
             ServerKind::Valkey => {
                 assert_eq!(
@@ -49,7 +62,11 @@ async fn uncontended_releases_use_delifeq_where_the_server_has_it() {
                 );
             }
             ServerKind::Redis => {
-                assert_eq!((delifeq, evalsha), (0, 100), "redis: the release script");
+                assert_eq!(
+                    (delifeq, evalsha),
+                    (0, 100),
+                    "redis: a script per acquisition and per release"
+                );
             }
         }
         let left = server.cmd_ok(&["KEYS", "{fast:*"]);

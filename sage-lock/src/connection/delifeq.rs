@@ -1,26 +1,38 @@
-//! Valkey 9's native `DELIFEQ`: whether the server has it (asked once), and the uncontended
-//! release with it.
+//! Compare-and-delete of one key, the uncontended release: Valkey 9's native `DELIFEQ` where
+//! the server has it (asked once), else a one-key script doing the same.
+
+use std::sync::LazyLock;
 
 use fred::interfaces::ClientLike;
 use fred::types::Value;
 use tokio::time::Instant;
 
 use super::Connection;
+use crate::scripts::Script;
+
+/// `DELIFEQ` as a script, for servers without it (Redis, Valkey before 9): KEYS: the key;
+/// ARGV: the value. Replies 1 when it deleted the key, else 0.
+const DELETE_IF_EQUAL: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+
+static DELETE_IF_EQUAL_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(DELETE_IF_EQUAL));
 
 pub(super) const DELIFEQ_UNKNOWN: u8 = 0;
 pub(super) const DELIFEQ_PRESENT: u8 = 1;
 pub(super) const DELIFEQ_ABSENT: u8 = 2;
 
 impl Connection {
-    /// `DELIFEQ key value` (Valkey 9's native compare-and-delete) on a standalone server, within
-    /// `deadline`: `Some(true)` when it deleted the key, `Some(false)` when the key held another
-    /// value (or none), `None` when it cannot tell (no such command, a replicated deployment,
-    /// which needs the checked path, or a failure), so the caller falls back to its script.
-    /// Whether the server has the command is asked once (`INFO server`: Valkey 9 or later); a
-    /// refused `DELIFEQ` (an ACL without `+delifeq`) turns the fast path off for this client.
+    /// Deletes `key` (in hash slot `slot`) if it holds `value`, on a deployment without
+    /// replicas, within `deadline`: `Some(true)` when it deleted the key, `Some(false)` when the
+    /// key held another value (or none), `None` when it cannot tell (a replicated deployment,
+    /// which needs the checked path, or a failure), so the caller falls back to its own script.
+    /// Sends `DELIFEQ key value` (Valkey 9's native compare-and-delete) where the server has it,
+    /// asked once (`INFO server`: Valkey 9 or later), else a one-key script; a refused `DELIFEQ`
+    /// (an ACL without `+delifeq`) turns to the script for this client.
     pub(crate) async fn delete_if_equal(
         &self,
         key: &fred::bytes::Bytes,
+        slot: u16,
         value: &fred::bytes::Bytes,
         deadline: Instant,
     ) -> Option<bool> {
@@ -28,29 +40,19 @@ impl Connection {
         if self.deployment.is_replicated() {
             return None;
         }
-        let known = self.delifeq.load(Ordering::Acquire);
-        if known == DELIFEQ_ABSENT {
-            return None;
-        }
-        if known == DELIFEQ_UNKNOWN {
-            // Valkey 9 has it (Redis 7 has not): asked once through `INFO server`, which every
-            // deployment allows. Any failure counts as absent: the script always works.
-            let asked = tokio::time::timeout_at(
-                deadline,
-                self.fred
-                    .info::<String>(Some(fred::types::InfoKind::Server)),
-            )
-            .await;
-            let present = matches!(&asked, Ok(Ok(info)) if has_delifeq(info));
-            let state = if present {
-                DELIFEQ_PRESENT
-            } else {
-                DELIFEQ_ABSENT
+        if !self.sends_delifeq(deadline).await {
+            let call = DELETE_IF_EQUAL_SCRIPT.call(
+                slot,
+                vec![key.clone()],
+                vec![Value::Bytes(value.clone())],
+            );
+            return match self.run_plain(&call, deadline).await {
+                Ok(reply) => reply.as_i64().map(|deleted| deleted == 1),
+                Err(error) => {
+                    tracing::debug!(?error, "compare-and-delete script failed");
+                    None
+                }
             };
-            self.delifeq.store(state, Ordering::Release);
-            if !present {
-                return None;
-            }
         }
         let command = fred::types::CustomCommand::new_static(
             "DELIFEQ",
@@ -70,6 +72,32 @@ impl Connection {
             }
             Err(_) => None,
         }
+    }
+
+    /// Whether this client sends `DELIFEQ`: Valkey 9 has it (Redis 7 has not), asked once
+    /// through `INFO server`, which every deployment allows. Any failure counts as absent: the
+    /// script always works.
+    async fn sends_delifeq(&self, deadline: Instant) -> bool {
+        use std::sync::atomic::Ordering;
+        match self.delifeq.load(Ordering::Acquire) {
+            DELIFEQ_PRESENT => return true,
+            DELIFEQ_ABSENT => return false,
+            _ => {}
+        }
+        let asked = tokio::time::timeout_at(
+            deadline,
+            self.fred
+                .info::<String>(Some(fred::types::InfoKind::Server)),
+        )
+        .await;
+        let present = matches!(&asked, Ok(Ok(info)) if has_delifeq(info));
+        let state = if present {
+            DELIFEQ_PRESENT
+        } else {
+            DELIFEQ_ABSENT
+        };
+        self.delifeq.store(state, Ordering::Release);
+        present
     }
 }
 

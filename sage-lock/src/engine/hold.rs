@@ -226,7 +226,12 @@ async fn release_now(
         && let Some(key) = rules.plain_release_key(keys)
     {
         let deadline = Instant::now() + RELEASE_TIMEOUT;
-        if engine.conn.delete_if_equal(&key, token, deadline).await == Some(true) {
+        if engine
+            .conn
+            .delete_if_equal(&key, keys.slot, token, deadline)
+            .await
+            == Some(true)
+        {
             // Nobody queued on the server; a local task may wait without queueing.
             engine.waiters.wake_one(&keys.lock);
             engine.conn.stats.record(metrics, Event::Release);
