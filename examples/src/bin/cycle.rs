@@ -2,7 +2,7 @@
 //! fred directly, so `perf record -g` sees nothing else.
 //!
 //! ```text
-//! cargo run -p sage-lock-examples --release --bin cycle -- [--valkey] [--seconds N] [--tasks N] [--subject sage|fred]
+//! cargo run -p sage-lock-examples --release --bin cycle -- [--valkey] [--seconds N] [--tasks N] [--subject sage|fred|fred5|rslock]
 //! ```
 //!
 //! Prints cycles/s and this process's CPU time per cycle for each subject.
@@ -24,7 +24,7 @@ async fn main() -> anyhow::Result<()> {
     let server = ThrowawayServer::start()?;
     let client = LockClient::connect(server.url()).await?;
     let window = Duration::from_secs(seconds);
-    for name in ["fred", "fred5", "sage"] {
+    for name in ["fred", "fred5", "rslock", "sage"] {
         if subject.as_deref().is_some_and(|s| s != name) {
             continue;
         }
@@ -33,6 +33,7 @@ async fn main() -> anyhow::Result<()> {
         let cycles = match name {
             "fred" => fred_cycles(client.fred(), tasks, window, false).await?,
             "fred5" => fred_cycles(client.fred(), tasks, window, true).await?,
+            "rslock" => rslock_cycles(server.url(), tasks, window).await?,
             _ => sage_cycles(&client, tasks, window).await?,
         };
         let elapsed = started.elapsed().as_secs_f64();
@@ -84,6 +85,33 @@ async fn fred_cycles(
             while Instant::now() < deadline {
                 let _: fred::types::Value = fred.evalsha(&*set, keys.clone(), args.clone()).await?;
                 let _: fred::types::Value = fred.evalsha(&*del, keys.clone(), args.clone()).await?;
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for handle in handles {
+        handle.await??;
+    }
+    Ok(count.load(Ordering::Relaxed))
+}
+
+/// rslock's `lock` + `unlock` (its own redis-rs connection): the peer's cost for a cycle.
+async fn rslock_cycles(url: &str, tasks: usize, window: Duration) -> anyhow::Result<u64> {
+    let manager = rslock::LockManager::new(vec![url.to_owned()]);
+    let count = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + window;
+    let mut handles = Vec::new();
+    for task in 0..tasks {
+        let (manager, count) = (manager.clone(), count.clone());
+        handles.push(tokio::spawn(async move {
+            let key = format!("cycle:rslock:{task}").into_bytes();
+            while Instant::now() < deadline {
+                let lock = manager
+                    .lock(key.as_slice(), Duration::from_secs(10))
+                    .await
+                    .map_err(|error| anyhow::anyhow!("rslock: {error}"))?;
+                manager.unlock(&lock).await;
                 count.fetch_add(1, Ordering::Relaxed);
             }
             Ok::<_, anyhow::Error>(())

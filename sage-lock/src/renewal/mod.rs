@@ -49,6 +49,33 @@ struct State {
     sleeping_until: Option<Instant>,
 }
 
+impl State {
+    /// Whether the scheduler must be woken for a lease due at `due`: only when it would
+    /// otherwise sleep past it (it then plans to wake at `due`).
+    fn must_wake_for(&mut self, due: Instant) -> bool {
+        let earlier = self.sleeping_until.is_none_or(|until| due < until);
+        if earlier {
+            self.sleeping_until = Some(due);
+        }
+        earlier
+    }
+
+    /// When the scheduler should wake next: the earliest due entry; with none, the wake-up
+    /// already planned if it is still ahead, else `idle`. Keeping the planned wake-up matters
+    /// when short holds come and go: the scheduler, woken for one, often runs only after that
+    /// hold was released; planning `idle` then would make the next registration (due a little
+    /// later) wake it again, one cross-thread wake-up per hold.
+    fn plan_sleep(&mut self, now: Instant, idle: Instant) -> Instant {
+        let until = match (self.queue.first(), self.sleeping_until) {
+            (Some((due, _)), _) => *due,
+            (None, Some(planned)) if planned > now => planned,
+            (None, _) => idle,
+        };
+        self.sleeping_until = Some(until);
+        until
+    }
+}
+
 /// The per-client renewal scheduler.
 pub(crate) struct Renewer {
     shared: Arc<Shared>,
@@ -127,11 +154,7 @@ impl Renewer {
             let mut state = lock(&renewer.state);
             state.next_id += 1;
             let id = state.next_id;
-            // Wake the scheduler only if it would otherwise sleep past this lease's renewal.
-            let earliest = state.sleeping_until.is_none_or(|until| due < until);
-            if earliest {
-                state.sleeping_until = Some(due);
-            }
+            let earliest = state.must_wake_for(due);
             state.queue.insert((due, id));
             let entry = Entry {
                 renewal,
@@ -215,12 +238,9 @@ impl Shared {
         groups.into_values().flat_map(Batch::split).collect()
     }
 
-    /// When the scheduler should wake next: the earliest due entry, else `idle`.
-    fn plan_sleep(&self, idle: Instant) -> Instant {
-        let mut state = lock(&self.state);
-        let until = state.queue.first().map_or(idle, |(due, _)| *due);
-        state.sleeping_until = Some(until);
-        until
+    /// When the scheduler should wake next (see [`State::plan_sleep`]).
+    fn plan_sleep(&self, now: Instant, idle: Instant) -> Instant {
+        lock(&self.state).plan_sleep(now, idle)
     }
 
     /// Applies the outcome of one renewal attempt to entry `id`.
@@ -272,8 +292,7 @@ impl Shared {
             None => {
                 let due = entry.due;
                 state.queue.insert((due, id));
-                if state.sleeping_until.is_none_or(|until| due < until) {
-                    state.sleeping_until = Some(due);
+                if state.must_wake_for(due) {
                     drop(state);
                     self.wake.notify_one();
                 }
@@ -314,11 +333,54 @@ async fn schedule(renewer: Weak<Shared>, wake: Arc<Notify>) {
                     }
                 });
             }
-            renewer.plan_sleep(Instant::now() + Duration::from_secs(60))
+            let now = Instant::now();
+            renewer.plan_sleep(now, now + Duration::from_secs(60))
         };
         tokio::select! {
             () = tokio::time::sleep_until(next) => {}
             () = wake.notified() => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Short holds one after another, each released before the scheduler (woken for the
+    /// first) runs: only the first registration wakes it, and it still wakes in time for a
+    /// hold that stays.
+    #[test]
+    fn short_holds_do_not_wake_the_scheduler_each_time() {
+        let start = Instant::now();
+        let lease = Duration::from_secs(30);
+        let idle = |now: Instant| now + Duration::from_secs(60);
+        let mut state = State::default();
+        let mut wakes = 0;
+        for i in 0..100_u64 {
+            let now = start + Duration::from_millis(i);
+            let due = now + lease / 3;
+            if state.must_wake_for(due) {
+                wakes += 1;
+            }
+            state.queue.insert((due, i));
+            // Released before the scheduler runs.
+            state.queue.remove(&(due, i));
+            // The scheduler, woken (or not), plans its next wake-up.
+            state.plan_sleep(now, idle(now));
+        }
+        assert_eq!(wakes, 1, "only the first short hold wakes the scheduler");
+        // A hold that stays is renewed in time: the scheduler wakes no later than its due.
+        let now = start + Duration::from_millis(200);
+        let due = now + lease / 3;
+        let woken = state.must_wake_for(due);
+        state.queue.insert((due, 1000));
+        let planned = state.plan_sleep(now, idle(now));
+        assert!(woken || state.sleeping_until.is_some_and(|until| until <= due));
+        assert!(planned <= due, "the scheduler sleeps past a due renewal");
+        // With nothing queued and the planned wake-up passed, it idles.
+        state.queue.clear();
+        let later = due + Duration::from_secs(1);
+        assert_eq!(state.plan_sleep(later, idle(later)), idle(later));
     }
 }
