@@ -60,9 +60,9 @@ impl Connection {
             false,
         );
         let args = vec![Value::Bytes(key.clone()), Value::Bytes(value.clone())];
-        match tokio::time::timeout_at(deadline, self.fred.custom::<Value, Value>(command, args))
-            .await
-        {
+        // Boxed, as in `run_plain`: fred's command future is large.
+        let delifeq = Box::pin(self.fred.custom::<Value, Value>(command, args));
+        match tokio::time::timeout_at(deadline, delifeq).await {
             Ok(Ok(reply)) => reply.as_i64().map(|deleted| deleted == 1),
             Ok(Err(error)) => {
                 // Denied by an ACL (or otherwise refused): stop trying; the script works.
@@ -84,12 +84,11 @@ impl Connection {
             DELIFEQ_ABSENT => return false,
             _ => {}
         }
-        let asked = tokio::time::timeout_at(
-            deadline,
+        let info = Box::pin(
             self.fred
                 .info::<String>(Some(fred::types::InfoKind::Server)),
-        )
-        .await;
+        );
+        let asked = tokio::time::timeout_at(deadline, info).await;
         let present = matches!(&asked, Ok(Ok(info)) if has_delifeq(info));
         let state = if present {
             DELIFEQ_PRESENT

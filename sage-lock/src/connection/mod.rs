@@ -216,7 +216,7 @@ impl Connection {
             };
         }
         if !replica_ack {
-            let checked = run_checked(&self.fred, &self.hints, call, None);
+            let checked = Box::pin(run_checked(&self.fred, &self.hints, call, None));
             return match tokio::time::timeout_at(limit, checked).await {
                 Ok(result) => {
                     let node = serving_node(&self.fred, call.slot);
@@ -229,7 +229,9 @@ impl Connection {
                 Err(_) => Err(OpError::Failed(timeout_error())),
             };
         }
-        let loan = match self.pool.take(deadline).await {
+        // Boxed (as the other multi-KB futures below): keeps this future, and every one that
+        // awaits it, small on the plain path.
+        let loan = match Box::pin(self.pool.take(deadline)).await {
             Ok(loan) => loan,
             Err(PoolError::Exhausted) => return Err(OpError::PoolExhausted),
             Err(PoolError::Connect(error)) => return Err(OpError::Failed(error)),
@@ -253,14 +255,14 @@ impl Connection {
             .min(deadline_after(self.command_timeout / 2));
         let conn = loan.conn.clone();
         if let Some(seed) = &self.sentinel_seed {
-            seed.seed(&self.fred, &conn, &self.hints, wait_until).await;
+            Box::pin(seed.seed(&self.fred, &conn, &self.hints, wait_until)).await;
         }
         let in_flight = InFlight {
             loan: Some(loan),
             cleanup,
             shared: self.fred.clone(),
         };
-        let checked = run_checked(&conn, &self.hints, call, Some(wait_until));
+        let checked = Box::pin(run_checked(&conn, &self.hints, call, Some(wait_until)));
         let grace = Duration::from_millis(250).min(self.command_timeout);
         let outcome = tokio::time::timeout_at(wait_until + grace, checked).await;
         match outcome {
@@ -374,7 +376,9 @@ async fn run_plain(fred: &Client, call: &ScriptCall<'_>) -> Result<Value, Error>
     loop {
         let node = redirect::owner(fred, call.slot);
         let (cmd, args) = call.command(use_source);
-        match fred.custom::<Value, Value>(cmd, args).await {
+        // Boxed: fred's command future is ~7 KB; kept inline it would make every future above
+        // it (acquire, hold, release) as large, and each move of those a multi-KB copy.
+        match Box::pin(fred.custom::<Value, Value>(cmd, args)).await {
             Err(error) if is_noscript(&error) && !use_source => use_source = true,
             Err(error) if redirect::is_redirection(&error) => {
                 redirections += 1;

@@ -377,7 +377,7 @@ async fn acquire_loop(
                         engine.notifier.watch(&keys.lock, held.token.clone())
                     });
                     let limit = deadline.min(Instant::now() + Duration::from_secs(1));
-                    match watch.subscribe(limit).await {
+                    match Box::pin(watch.subscribe(limit)).await {
                         Subscribed::Already => subscribed = true,
                         // A release may have slipped past before the subscription: try again.
                         Subscribed::New => {
