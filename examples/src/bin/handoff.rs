@@ -101,6 +101,14 @@ async fn main() -> anyhow::Result<()> {
         gap_us(0.90),
         gap_us(0.99),
     );
+    let stats = client.stats();
+    println!(
+        "acquisitions {}, of which hand-offs {} ({:.0} %), busy retries {}",
+        stats.acquisitions,
+        stats.handoffs,
+        100.0 * stats.handoffs as f64 / stats.acquisitions.max(1) as f64,
+        stats.busy_retries,
+    );
     client.quit().await;
     Ok(())
 }
