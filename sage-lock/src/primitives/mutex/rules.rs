@@ -105,10 +105,10 @@ if ttl > 0 then
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
-  if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then
+  -- ZADD counts only members it added: a new waiter joins the queue's tail.
+  if redis.call('ZADD', KEYS[4], now + ttl, ARGV[1]) == 1 then
     redis.call('RPUSH', KEYS[3], ARGV[1])
   end
-  redis.call('ZADD', KEYS[4], now + ttl, ARGV[1])
   redis.call('PEXPIRE', KEYS[3], 2 * ttl)
   redis.call('PEXPIRE', KEYS[4], 2 * ttl)
   head = head or ARGV[1]
@@ -137,8 +137,8 @@ const RELEASE: &str = concat!(
 local released = 0
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] or holder == ARGV[1] .. '+' then
-  -- A holder is never queued (a grant takes it out of the queue).
-  redis.call('DEL', KEYS[1])
+  -- A holder is never queued (a grant takes it out of the queue). Its key is deleted below,
+  -- unless a hand-off overwrites it.
   released = 1
 elseif redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
   redis.call('LREM', KEYS[2], 1, ARGV[1])
@@ -168,6 +168,9 @@ if head then
     redis.pcall('SPUBLISH', ARGV[2], head .. ':' .. fence)
     return {released, head, fence}
   end
+end
+if released == 1 then
+  redis.call('DEL', KEYS[1])
 end
 return released
 "
