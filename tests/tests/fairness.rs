@@ -246,6 +246,52 @@ async fn try_lock_does_not_overtake_a_waiter() {
     }
 }
 
+/// A free lock whose queue has another live head (its holder's lease ran out with waiters
+/// queued) stays free for that head: an attempt by anybody else is refused and leaves no key
+/// behind, a waiter queues behind the head, and once the head is dead the waiter gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_lock_stays_free_for_the_live_head() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let ns = ns("free-head", kind);
+        let (lock, queue, deadlines) = (
+            format!("{{{ns}:k}}"),
+            format!("{{{ns}:k}}:queue"),
+            format!("{{{ns}:k}}:waiters"),
+        );
+        // A live waiter of another process heads the queue (deadline far ahead); the key is free.
+        server.cmd_ok(&["RPUSH", &queue, "other-process-token"]);
+        server.cmd_ok(&["ZADD", &deadlines, "99999999999999", "other-process-token"]);
+        let client = connect(&server.url()).await;
+        let tried = locks(&client, &ns)
+            .try_with_lock("k", async {})
+            .await
+            .expect("try");
+        assert!(tried.is_none(), "{}: a try overtook the head", kind.name());
+        let exists = server.cmd_ok(&["EXISTS", &lock]).as_int();
+        assert_eq!(
+            exists,
+            Some(0),
+            "{}: the refused attempt left the key set",
+            kind.name()
+        );
+        let waiter = wait_for(&locks(&client, &ns), "k", Duration::from_secs(10));
+        until_queued(server.port(), &ns, "k", 2).await;
+        assert!(
+            !waiter.is_finished(),
+            "{}: the waiter overtook the head",
+            kind.name()
+        );
+        // The head dies (its deadline passes): the waiter's next attempt drops it and is granted.
+        server.cmd_ok(&["ZADD", &deadlines, "1", "other-process-token"]);
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter got the lock after the head died")
+            .expect("waiter");
+        assert_eq!(queue_len(server.port(), &ns, "k"), 0, "{}", kind.name());
+    }
+}
+
 /// A waiter process killed while queued at the head does not block the others beyond its
 /// waiter TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

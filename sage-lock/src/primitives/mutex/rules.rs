@@ -58,6 +58,10 @@ pub(in crate::primitives) const SINCE_HORIZON_MS: i64 = 315_360_000_000;
 ///
 /// Grants (`SET NX PX` + `INCR` fence) only when the lock is free and the queue's live head is
 /// this token or nobody; a busy waiting caller joins the queue's tail (or refreshes its place).
+/// The attempt comes first, as `SET NX PX GET` (Redis 7.0+, Valkey): one call tells a free key
+/// (now set) from a held one (and its holder), so a queueing attempt on a held lock never reads
+/// the queue's head; a free key whose queue has another live head is given back (`DEL`) in the
+/// same script, so nobody sees it.
 /// The lock's value is the holder's token, with the queued mark `+` appended once anybody
 /// queued behind it (at the grant, or since): a holder whose value is unmarked has nobody to
 /// notify, so its release may be a plain `DELIFEQ key token` (which then finds no match once
@@ -70,29 +74,31 @@ pub(in crate::primitives) const SINCE_HORIZON_MS: i64 = 315_360_000_000;
 const ACQUIRE: &str = concat!(
     r"
 local now
-local head = redis.call('LINDEX', KEYS[3], 0)
-if head then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local head
+local holder = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
+if not holder then
+  head = redis.call('LINDEX', KEYS[3], 0)
+  if head then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 ",
     prune_head!("KEYS[3]", "KEYS[4]"),
     r"
-end
-if (not head) or head == ARGV[1] then
-  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  end
+  if (not head) or head == ARGV[1] then
     if head then
       redis.call('LPOP', KEYS[3])
       redis.call('ZREM', KEYS[4], head)
-      if redis.call('LINDEX', KEYS[3], 0) then
+      if redis.call('EXISTS', KEYS[3]) == 1 then
         redis.call('SET', KEYS[1], ARGV[1] .. '+', 'KEEPTTL')
       end
     end
     redis.call('SET', KEYS[5], '', 'PX', '315360000000')
     return {1, redis.call('INCR', KEYS[2])}
   end
-end
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] or holder == ARGV[1] .. '+' then
+  -- Another live waiter is next: the key stays free for it.
+  redis.call('DEL', KEYS[1])
+elseif holder == ARGV[1] or holder == ARGV[1] .. '+' then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
@@ -111,7 +117,6 @@ if ttl > 0 then
   end
   redis.call('PEXPIRE', KEYS[3], 2 * ttl)
   redis.call('PEXPIRE', KEYS[4], 2 * ttl)
-  head = head or ARGV[1]
 end
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl < 0 and head then
@@ -129,11 +134,11 @@ return {0, pttl, tonumber(redis.call('GET', KEYS[2]) or '0')}
 /// token becomes the value (marked `+` if others still queue) with the hand-off lease as TTL, the
 /// fencing counter is incremented, and `token:fence` is published on the channel (`SPUBLISH`,
 /// under `pcall` so a server or ACL without sharded pub/sub only costs the new owner a poll,
-/// which finds its own token and confirms the grant). Replies 1 when it removed the hold, else
-/// 0; `{1 | 0, head, fence}` when it handed the lock on, so this process can wake its own
-/// waiter at once.
-const RELEASE: &str = concat!(
-    r"
+/// which finds its own token and confirms the grant). Waiters are popped off the queue's head
+/// (`LPOP`) until a live one comes: dead ones are dropped, the live one is the next owner.
+/// Replies 1 when it removed the hold, else 0; `{1 | 0, head, fence}` when it handed the lock
+/// on, so this process can wake its own waiter at once.
+const RELEASE: &str = r"
 local released = 0
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] or holder == ARGV[1] .. '+' then
@@ -148,18 +153,19 @@ elseif redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
 else
   return 0
 end
-local head = redis.call('LINDEX', KEYS[2], 0)
+local head = redis.call('LPOP', KEYS[2])
 if head then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-",
-    prune_head!("KEYS[2]", "KEYS[3]"),
-    r"
-  if head then
-    redis.call('LPOP', KEYS[2])
+  while head do
+    local due = tonumber(redis.call('ZSCORE', KEYS[3], head))
     redis.call('ZREM', KEYS[3], head)
+    if due and due > now then break end
+    head = redis.call('LPOP', KEYS[2])
+  end
+  if head then
     local value = head
-    if redis.call('LINDEX', KEYS[2], 0) then
+    if redis.call('EXISTS', KEYS[2]) == 1 then
       value = head .. '+'
     end
     redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
@@ -173,8 +179,7 @@ if released == 1 then
   redis.call('DEL', KEYS[1])
 end
 return released
-"
-);
+";
 
 /// Shorten (the minimum hold): `PEXPIRE` to the remainder only while the key still holds this
 /// token. Replies 1 or 0.
