@@ -247,6 +247,10 @@ fn describe_connections(deploy: &Deployment, baseline: &HashMap<u16, i64>, dir: 
         }
     }
     let _ = std::fs::write(dir.join("clients.txt"), text);
+    // Which process owns each connection (the workers' pids are in their histories' `start`).
+    if let Ok(sockets) = std::process::Command::new("ss").args(["-tnp"]).output() {
+        let _ = std::fs::write(dir.join("sockets.txt"), sockets.stdout);
+    }
 }
 
 fn lock(fleet: &Mutex<Fleet>) -> std::sync::MutexGuard<'_, Fleet> {
