@@ -189,8 +189,13 @@ impl Notifier {
                 Some(self.template.connection_config().clone()),
                 Some(policy),
             );
-            match client.init().await {
-                Ok(_task) => {
+            // Cut short by the waiter's deadline (or failed), the connection task is aborted:
+            // left running, it would connect and reconnect in the background for the life of
+            // the process, a connection that `close` never reaches.
+            let mut task = AbortOnDrop(Some(client.connect()));
+            match client.wait_for_connect().await {
+                Ok(()) => {
+                    task.0 = None;
                     // Listening starts after the initial connection (which fred also reports as
                     // a reconnect) and before any subscription.
                     spawn_listener(&client, Arc::downgrade(&self.shared));
@@ -209,6 +214,17 @@ impl Notifier {
                 None
             }
             Err(_) => None,
+        }
+    }
+}
+
+/// A connection task that is aborted when this is dropped while it still holds it.
+struct AbortOnDrop(Option<fred::types::ConnectHandle>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
         }
     }
 }
@@ -478,6 +494,50 @@ mod tests {
         let woken = tokio::time::timeout(Duration::from_millis(200), watch.notified()).await;
         assert!(woken.is_ok());
         assert_eq!(watch.take_grant(), Some(Grant::new(5, None)));
+    }
+
+    /// A subscriber connection that cannot complete before the waiter's deadline (a server
+    /// that accepts and never answers, as a paused one does) is closed, not left to connect in
+    /// the background.
+    #[tokio::test]
+    async fn a_subscriber_cut_short_by_the_deadline_leaves_no_connection() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback listener");
+        let port = listener.local_addr().expect("listener address").port();
+        let config = fred::types::config::Config::from_url(&format!("redis://127.0.0.1:{port}"))
+            .expect("url");
+        let template = fred::types::Builder::from_config(config)
+            .build()
+            .expect("client");
+        let notifier = Notifier::new(template);
+        let (accepted, subscriber) = tokio::join!(
+            tokio::time::timeout(Duration::from_secs(5), listener.accept()),
+            notifier.subscriber(Instant::now() + Duration::from_millis(300)),
+        );
+        assert!(subscriber.is_none(), "no server answered, yet a subscriber");
+        let (socket, _) = accepted
+            .expect("the subscriber connected within 5 s")
+            .expect("accept");
+        // fred waits 10 s for its PING reply; the abandoned connection must close well before.
+        let mut buf = [0u8; 256];
+        let closed = tokio::time::timeout(Duration::from_secs(3), async {
+            loop {
+                if socket.readable().await.is_err() {
+                    return;
+                }
+                match socket.try_read(&mut buf) {
+                    Ok(0) => return,
+                    Err(error) if error.kind() != std::io::ErrorKind::WouldBlock => return,
+                    _ => {}
+                }
+            }
+        })
+        .await;
+        assert!(
+            closed.is_ok(),
+            "the abandoned subscriber connection is still open"
+        );
     }
 
     #[test]
