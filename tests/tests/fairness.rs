@@ -260,8 +260,11 @@ async fn a_free_lock_stays_free_for_the_live_head() {
             format!("{{{ns}:k}}:waiters"),
         );
         // A live waiter of another process heads the queue (deadline far ahead); the key is free.
+        // As a real waiter does, it marked the grant marker `q` when it joined the queue (see
+        // `a_paused_waiter_keeps_its_place_after_the_holder_dies` for the same without forging).
         server.cmd_ok(&["RPUSH", &queue, "other-process-token"]);
         server.cmd_ok(&["ZADD", &deadlines, "99999999999999", "other-process-token"]);
+        server.cmd_ok(&["SET", &format!("{{{ns}:k}}:since"), "q", "PX", "60000"]);
         let client = connect(&server.url()).await;
         let tried = locks(&client, &ns)
             .try_with_lock("k", async {})
@@ -289,6 +292,141 @@ async fn a_free_lock_stays_free_for_the_live_head() {
             .expect("the waiter got the lock after the head died")
             .expect("waiter");
         assert_eq!(queue_len(server.port(), &ns, "k"), 0, "{}", kind.name());
+    }
+}
+
+/// The same state as above reached for real: a waiter in another process queues behind a
+/// holder, is paused (SIGSTOP, so it cannot poll), and the holder's key goes away as if its
+/// lease ran out (no release, so no hand-off). The free lock stays free for the paused head:
+/// a try from another client is refused, until the head resumes and takes the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_waiter_keeps_its_place_after_the_holder_dies() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let ns = ns("paused-head", kind);
+        let lock = format!("{{{ns}:k}}");
+        // A holder that will die: its key, without a lease, until the test deletes it.
+        server.cmd_ok(&["SET", &lock, "dead-holder-token"]);
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fair_worker"))
+            .args(["wait", &server.url(), &ns, "k"])
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn fair_worker");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        until_queued(server.port(), &ns, "k", 1).await;
+        let pid = child.id().expect("the waiter runs").to_string();
+        let stopped = std::process::Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .expect("kill -STOP");
+        assert!(stopped.success(), "SIGSTOP the queued waiter");
+        // The holder's lease runs out: the key goes, the queue stays.
+        server.cmd_ok(&["DEL", &lock]);
+        let client = connect(&server.url()).await;
+        let tried = locks(&client, &ns)
+            .try_with_lock("k", async {})
+            .await
+            .expect("try");
+        assert!(
+            tried.is_none(),
+            "{}: a try overtook the paused head",
+            kind.name()
+        );
+        let exists = server.cmd_ok(&["EXISTS", &lock]).as_int();
+        assert_eq!(
+            exists,
+            Some(0),
+            "{}: the refused try left the key set",
+            kind.name()
+        );
+        let resumed = std::process::Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()
+            .expect("kill -CONT");
+        assert!(resumed.success(), "SIGCONT the queued waiter");
+        let acquired = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line == "acquired" {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        assert_eq!(
+            acquired,
+            Ok(true),
+            "{}: the resumed head got the lock",
+            kind.name()
+        );
+        let _ = child.wait().await;
+        client.quit().await;
+    }
+}
+
+/// A hand-off that leaves waiters queued keeps the queue marked: two waiters in other processes
+/// queue behind a holder and are paused (SIGSTOP); the release hands the lock to the first,
+/// whose lease then runs out (its key goes) while it is paused. The second, still queued and
+/// live, keeps its place: a try from another client is refused and leaves no key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_keeps_the_remaining_queue_marked() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let ns = ns("handoff-mark", kind);
+        let lock = format!("{{{ns}:k}}");
+        let client = connect(&server.url()).await;
+        let (release, held) = hold(&locks(&client, &ns), "k").await;
+        let mut children = Vec::new();
+        for queued in 1..=2 {
+            let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fair_worker"))
+                .args(["wait", &server.url(), &ns, "k"])
+                .stdout(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("spawn fair_worker");
+            until_queued(server.port(), &ns, "k", queued).await;
+            children.push(child);
+        }
+        for child in &children {
+            let pid = child.id().expect("the waiter runs").to_string();
+            let stopped = std::process::Command::new("kill")
+                .args(["-STOP", &pid])
+                .status()
+                .expect("kill -STOP");
+            assert!(stopped.success(), "SIGSTOP a queued waiter");
+        }
+        release.send(()).expect("release");
+        held.await.expect("holder");
+        assert_eq!(
+            queue_len(server.port(), &ns, "k"),
+            1,
+            "{}: the release handed the lock to the first waiter",
+            kind.name()
+        );
+        // The first waiter's lease runs out while it is paused.
+        server.cmd_ok(&["DEL", &lock]);
+        let tried = locks(&client, &ns)
+            .try_with_lock("k", async {})
+            .await
+            .expect("try");
+        assert!(
+            tried.is_none(),
+            "{}: a try overtook the second waiter",
+            kind.name()
+        );
+        let exists = server.cmd_ok(&["EXISTS", &lock]).as_int();
+        assert_eq!(
+            exists,
+            Some(0),
+            "{}: the refused try left the key set",
+            kind.name()
+        );
+        for mut child in children {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+        client.quit().await;
     }
 }
 

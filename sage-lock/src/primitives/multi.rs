@@ -27,12 +27,14 @@ use crate::topology::Deployment;
 /// (the mutex's layout), in fives; `ARGV`: token, lease ms, which key's fencing token to reply (1-based).
 /// Granted only when no key has another owner and no key has a live queued mutex waiter at its
 /// head (multi-key callers never queue): then every key is set (or, already this token's,
-/// extended) and its counter incremented, and the reply is `{1, fence of that key}`; else
+/// extended), its grant marker says whether its queue still holds anybody (as the mutex's does),
+/// and its counter incremented, and the reply is `{1, fence of that key}`; else
 /// nothing changes and the reply is `{0, ms}` for a busy key.
 pub(super) const ACQUIRE_ALL: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local holders = {}
+local queued = {}
 for i = 1, #KEYS, 5 do
   local holder = redis.call('GET', KEYS[i])
   if holder == ARGV[1] .. '+' then
@@ -41,8 +43,9 @@ for i = 1, #KEYS, 5 do
   if holder and holder ~= ARGV[1] then
     return {0, redis.call('PTTL', KEYS[i])}
   end
+  local head
   if not holder then
-    local head = redis.call('LINDEX', KEYS[i + 2], 0)
+    head = redis.call('LINDEX', KEYS[i + 2], 0)
     if head and head ~= ARGV[1] then
       local due = tonumber(redis.call('ZSCORE', KEYS[i + 3], head) or '0')
       if due > now then
@@ -51,6 +54,7 @@ for i = 1, #KEYS, 5 do
     end
   end
   holders[i] = holder
+  queued[i] = head and 'q' or ''
 end
 local report = 0
 for i = 1, #KEYS, 5 do
@@ -60,7 +64,7 @@ for i = 1, #KEYS, 5 do
     fence = tonumber(redis.call('GET', KEYS[i + 1]) or '0')
   else
     redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
-    redis.call('SET', KEYS[i + 4], '', 'PX', '315360000000')
+    redis.call('SET', KEYS[i + 4], queued[i], 'PX', '315360000000')
     fence = redis.call('INCR', KEYS[i + 1])
   end
   if (i + 4) / 5 == tonumber(ARGV[3]) then

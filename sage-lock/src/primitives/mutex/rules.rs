@@ -7,7 +7,8 @@
 //! dead waiter is skipped), and a release publishes the next waiter's token on
 //! `{ns:k}:released` (see [`crate::notify`]). `{ns:k}:since` marks the last grant for
 //! `Locks::holder`: its expiry is the grant's server time plus [`SINCE_HORIZON_MS`] (one
-//! `SET PX` in the grant, no `TIME` call), and the next grant overwrites it.
+//! `SET PX` in the grant, no `TIME` call), and the next grant overwrites it; its value (`q` or
+//! empty) says whether waiters may queue (see [`ACQUIRE`]).
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -62,6 +63,10 @@ pub(in crate::primitives) const SINCE_HORIZON_MS: i64 = 315_360_000_000;
 /// (now set) from a held one (and its holder), so a queueing attempt on a held lock never reads
 /// the queue's head; a free key whose queue has another live head is given back (`DEL`) in the
 /// same script, so nobody sees it.
+/// The grant marker's value is `q` whenever the queue may hold a waiter (a waiter that joins
+/// writes it, a grant or hand-off that leaves waiters queued keeps it) and empty otherwise: the
+/// grant sets it with `SET ... GET`, so an uncontended grant learns that nobody queues without
+/// reading the queue (3 calls: the attempt, the marker, the fence). A stale `q` only costs a read.
 /// The lock's value is the holder's token, with the queued mark `+` appended once anybody
 /// queued behind it (at the grant, or since): a holder whose value is unmarked has nobody to
 /// notify, so its release may be a plain `DELIFEQ key token` (which then finds no match once
@@ -77,7 +82,10 @@ local now
 local head
 local holder = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
 if not holder then
-  head = redis.call('LINDEX', KEYS[3], 0)
+  -- The grant marker, written here, says whether anybody may queue: only then is the queue read.
+  if redis.call('SET', KEYS[5], '', 'PX', '315360000000', 'GET') == 'q' then
+    head = redis.call('LINDEX', KEYS[3], 0)
+  end
   if head then
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -91,13 +99,14 @@ if not holder then
       redis.call('ZREM', KEYS[4], head)
       if redis.call('EXISTS', KEYS[3]) == 1 then
         redis.call('SET', KEYS[1], ARGV[1] .. '+', 'KEEPTTL')
+        redis.call('SET', KEYS[5], 'q', 'KEEPTTL')
       end
     end
-    redis.call('SET', KEYS[5], '', 'PX', '315360000000')
     return {1, redis.call('INCR', KEYS[2])}
   end
-  -- Another live waiter is next: the key stays free for it.
+  -- Another live waiter is next: the key stays free for it (and the queue marked).
   redis.call('DEL', KEYS[1])
+  redis.call('SET', KEYS[5], 'q', 'KEEPTTL')
 elseif holder == ARGV[1] or holder == ARGV[1] .. '+' then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
@@ -111,9 +120,10 @@ if ttl > 0 then
     local t = redis.call('TIME')
     now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
-  -- ZADD counts only members it added: a new waiter joins the queue's tail.
+  -- ZADD counts only members it added: a new waiter joins the queue's tail, and marks it.
   if redis.call('ZADD', KEYS[4], now + ttl, ARGV[1]) == 1 then
     redis.call('RPUSH', KEYS[3], ARGV[1])
+    redis.call('SET', KEYS[5], 'q', 'KEEPTTL')
   end
   redis.call('PEXPIRE', KEYS[3], 2 * ttl)
   redis.call('PEXPIRE', KEYS[4], 2 * ttl)
@@ -164,12 +174,12 @@ if head then
     head = redis.call('LPOP', KEYS[2])
   end
   if head then
-    local value = head
+    local value, queued = head, ''
     if redis.call('EXISTS', KEYS[2]) == 1 then
-      value = head .. '+'
+      value, queued = head .. '+', 'q'
     end
     redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
-    redis.call('SET', KEYS[5], '', 'PX', '315360000000')
+    redis.call('SET', KEYS[5], queued, 'PX', '315360000000')
     local fence = redis.call('INCR', KEYS[4])
     redis.pcall('SPUBLISH', ARGV[2], head .. ':' .. fence)
     return {released, head, fence}
