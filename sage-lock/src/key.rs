@@ -175,18 +175,29 @@ tuple_codec!(A, B, C, D);
 tuple_codec!(A, B, C, D, E);
 tuple_codec!(A, B, C, D, E, F);
 
-/// The server-side names of one lock: its key, its fencing counter, and their shared slot.
+/// The server-side names of one lock: its key, its fencing counter, its fair queue's keys, and
+/// their shared slot. All the names share one allocation.
 #[derive(Debug, Clone)]
 pub(crate) struct LockKeys {
     /// `{ns:key}`: holds the owner's token, with the lease as its TTL.
     pub(crate) lock: Bytes,
     /// `{ns:key}:fence`: the fencing counter, incremented on every acquisition.
     pub(crate) fence: Bytes,
-    /// The Redis Cluster hash slot of both keys.
+    /// `{ns:key}:queue`: the tokens of the waiters queued for the lock, oldest first.
+    pub(crate) queue: Bytes,
+    /// `{ns:key}:waiters`: each queued waiter's deadline, so a dead one is skipped.
+    pub(crate) waiters: Bytes,
+    /// `{ns:key}:since`: the last grant's marker (its time, and whether waiters may queue).
+    pub(crate) since: Bytes,
+    /// The Redis Cluster hash slot of every key above.
     pub(crate) slot: u16,
-    /// The user's key, printable, for errors and traces.
-    pub(crate) display: std::sync::Arc<str>,
+    /// The user's key, encoded (for [`LockKeys::display`]).
+    encoded: Bytes,
+    display: std::sync::OnceLock<std::sync::Arc<str>>,
 }
+
+/// The suffixes of a lock's named companion keys, in [`LockKeys`] field order after `lock`.
+const NAMED_SUFFIXES: [&[u8]; 4] = [b":fence", b":queue", b":waiters", b":since"];
 
 impl LockKeys {
     /// Lays out the server keys for `key` (already encoded) in `namespace`.
@@ -198,15 +209,36 @@ impl LockKeys {
         escape_into(key, false, &mut lock);
         lock.push(b'}');
         let slot = fred::util::redis_keyslot(&lock);
-        let mut fence = Vec::with_capacity(lock.len() + 6);
-        fence.extend_from_slice(&lock);
-        fence.extend_from_slice(b":fence");
-        LockKeys {
-            lock: Bytes::from(lock),
-            fence: Bytes::from(fence),
-            slot,
-            display: std::sync::Arc::from(printable(key)),
+        // One buffer, `lock:fence lock:queue lock:waiters lock:since key`, sliced per name.
+        let suffixes: usize = NAMED_SUFFIXES.iter().map(|s| s.len()).sum();
+        let mut all = Vec::with_capacity(NAMED_SUFFIXES.len() * lock.len() + suffixes + key.len());
+        let mut ranges = [(0, 0); 4];
+        for (range, suffix) in ranges.iter_mut().zip(NAMED_SUFFIXES) {
+            let start = all.len();
+            all.extend_from_slice(&lock);
+            all.extend_from_slice(suffix);
+            *range = (start, all.len());
         }
+        let key_start = all.len();
+        all.extend_from_slice(key);
+        let all = Bytes::from(all);
+        let [fence, queue, waiters, since] = ranges.map(|(start, end)| all.slice(start..end));
+        LockKeys {
+            lock: all.slice(0..lock.len()),
+            fence,
+            queue,
+            waiters,
+            since,
+            slot,
+            encoded: all.slice(key_start..),
+            display: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The user's key, printable, for errors and traces (made on first use).
+    pub(crate) fn display(&self) -> &std::sync::Arc<str> {
+        self.display
+            .get_or_init(|| std::sync::Arc::from(printable(&self.encoded)))
     }
 
     /// A companion key of this lock, `{ns:key}<suffix>` (same slot): e.g. `:r`, `:w`, `:wi`,
@@ -338,6 +370,23 @@ mod tests {
             &LockKeys::new("lock", b"account:42").lock[..],
             b"{lock:account:42}"
         );
+    }
+
+    #[test]
+    fn named_companions_follow_the_lock_key() {
+        let keys = LockKeys::new("lock", b"caf\xc3\xa9:1");
+        let named = [
+            (&keys.fence, ":fence"),
+            (&keys.queue, ":queue"),
+            (&keys.waiters, ":waiters"),
+            (&keys.since, ":since"),
+        ];
+        for (name, suffix) in named {
+            assert_eq!(name, &keys.companion(suffix), "{suffix}");
+        }
+        assert_eq!(&keys.lock[..], b"{lock:caf\xc3\xa9:1}");
+        assert_eq!(&**keys.display(), "café:1");
+        assert_eq!(&**LockKeys::new("n", b"\xff").display(), "\\xff");
     }
 
     #[test]

@@ -378,7 +378,7 @@ async fn run_plain(fred: &Client, call: &ScriptCall<'_>) -> Result<Value, Error>
         let (cmd, args) = call.command(use_source);
         // Boxed: fred's command future is ~7 KB; kept inline it would make every future above
         // it (acquire, hold, release) as large, and each move of those a multi-KB copy.
-        match Box::pin(fred.custom::<Value, Value>(cmd, args)).await {
+        match Box::pin(async move { fred.custom::<Value, Value>(cmd, args).await }).await {
             Err(error) if is_noscript(&error) && !use_source => use_source = true,
             Err(error) if redirect::is_redirection(&error) => {
                 redirections += 1;

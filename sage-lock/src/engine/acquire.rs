@@ -53,7 +53,7 @@ pub(crate) async fn acquire(
         client.stats.record(&settings.metrics, Event::Timeout);
         tracing::debug!(%reason, waited = ?start.elapsed(), "lock acquisition timed out");
         LockError::TimedOut {
-            key: keys.display.to_string(),
+            key: keys.display().to_string(),
             namespace: namespace.to_string(),
             waited: start.elapsed(),
             reason,
@@ -69,7 +69,7 @@ pub(crate) async fn acquire(
         metrics: Arc::clone(&settings.metrics),
         token: token.clone(),
         lease: Lease::new(
-            Arc::clone(&keys.display),
+            Arc::clone(keys.display()),
             Arc::clone(namespace),
             0,
             std::time::Instant::now(),
@@ -140,7 +140,7 @@ pub(crate) async fn acquire(
             Err(LockError::backend(
                 format!(
                     "acquiring lock {} in namespace {namespace:?}{hint}",
-                    keys.display
+                    keys.display()
                 ),
                 error,
             ))
@@ -298,7 +298,7 @@ async fn acquire_loop(
                     continue;
                 }
                 let lease = Lease::new(
-                    Arc::clone(&keys.display),
+                    Arc::clone(keys.display()),
                     Arc::clone(namespace),
                     fence,
                     sent,

@@ -33,7 +33,7 @@ pub(super) fn handed_off(
     }
     // Held from now on, as far as the minimum hold and `held_for` are concerned.
     Some(Lease::new(
-        Arc::clone(&keys.display),
+        Arc::clone(keys.display()),
         Arc::clone(&settings.namespace),
         grant.fence,
         now,

@@ -180,7 +180,7 @@ impl Held {
         }
         self.armed = false;
         LockError::LockLost {
-            key: self.keys.display.to_string(),
+            key: self.keys.display().to_string(),
             namespace: self.namespace.to_string(),
             held: self.lease.held_for(),
             reason,

@@ -146,7 +146,7 @@ pub(crate) async fn run<F: Future>(
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
     let span =
-        tracing::debug_span!("sage_lock", key = %keys.display, namespace = %settings.namespace);
+        tracing::debug_span!("sage_lock", key = %keys.display(), namespace = %settings.namespace);
     if settings.reentrant
         && let Some(lease) = reentry::held(&engine, &*rules, &keys.lock)
     {

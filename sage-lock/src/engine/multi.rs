@@ -49,7 +49,7 @@ pub(crate) async fn run_all<F: Future>(
     let keys: usize = units.iter().map(|unit| unit.parts.len()).sum();
     let span = tracing::debug_span!(
         "sage_lock",
-        key = %units.get(report).map_or("", |unit| &*unit.keys.display),
+        key = %units.get(report).map_or("", |unit| unit.keys.display().as_ref()),
         keys,
         namespace = %settings.namespace
     );
@@ -114,7 +114,7 @@ async fn acquire_all(
         if left.is_zero() {
             engine.conn.stats.record(&settings.metrics, Event::Timeout);
             return Err(LockError::TimedOut {
-                key: units[busy].keys.display.to_string(),
+                key: units[busy].keys.display().to_string(),
                 namespace: settings.namespace.to_string(),
                 waited: start.elapsed(),
                 reason: TimeoutReason::Busy,
@@ -156,7 +156,7 @@ async fn hold_all<F: Future>(
                 metrics: Arc::clone(&settings.metrics),
             };
             registrations.push(held.engine.renewer.register(renewal, lost_tx));
-            losses.push((index, Arc::clone(&part.display), lost_rx));
+            losses.push((index, Arc::clone(part.display()), lost_rx));
         }
     }
     // From here on (the body may run) a release keeps the minimum hold, cancellation included.
@@ -174,7 +174,7 @@ async fn hold_all<F: Future>(
         lost = first_loss(&mut losses) => lost,
         index = any_ran_out(&leases, settings.lease) => (
             index,
-            Arc::clone(&units[index].keys.display),
+            Arc::clone(units[index].keys.display()),
             LossReason::RenewalFailed("no renewal completed in time".into()),
         ),
         output = body => {

@@ -378,10 +378,10 @@ mod tests {
         let (units, report) = plan(keys(&["z", "a", "z", "a"]), true);
         let parts: usize = units.iter().map(|u| u.parts.len()).sum();
         assert_eq!(parts, 2);
-        assert_eq!(&*units[report].keys.display, "z");
+        assert_eq!(&**units[report].keys.display(), "z");
         let (units, report) = plan(keys(&["z", "a"]), false);
         assert_eq!(units.len(), 1);
-        assert_eq!(&*units[report].keys.display, "z");
+        assert_eq!(&**units[report].keys.display(), "z");
     }
 
     #[test]

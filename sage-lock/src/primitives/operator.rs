@@ -12,7 +12,7 @@ use fred::interfaces::{ClientLike as _, ClusterInterface as _, KeysInterface as 
 use fred::types::{ClusterHash, CustomCommand, Key, Value};
 use tokio::time::Instant;
 
-use super::mutex::{Locks, MUTEX, SINCE_HORIZON_MS, suffixed};
+use super::mutex::{Locks, MUTEX, SINCE_HORIZON_MS};
 use crate::connection::OpError;
 use crate::error::LockError;
 use crate::key::{KeyCodec, LockKeys, decode_lock_key, printable, scan_pattern};
@@ -143,14 +143,10 @@ impl<K: ?Sized> Locks<K> {
     async fn inspect(&self, keys: &LockKeys) -> Result<Inspected, LockError> {
         let call = INSPECT_SCRIPT.call(
             keys.slot,
-            vec![
-                keys.lock.clone(),
-                keys.fence.clone(),
-                suffixed(&keys.lock, b":since"),
-            ],
+            vec![keys.lock.clone(), keys.fence.clone(), keys.since.clone()],
             vec![Value::Integer(SINCE_HORIZON_MS)],
         );
-        let context = || format!("could not inspect the lock on {}", keys.display);
+        let context = || format!("could not inspect the lock on {}", keys.display());
         let reply = self
             .engine
             .conn
@@ -237,7 +233,7 @@ impl<K: ?Sized> Locks<K> {
             ));
         }
         let keys = self.keys(key);
-        let context = || format!("could not force-unlock {}", keys.display);
+        let context = || format!("could not force-unlock {}", keys.display());
         for _ in 0..FORCE_ATTEMPTS {
             let fencing_token = match self.inspect(&keys).await? {
                 Inspected::Free => return Ok(false),
@@ -277,7 +273,7 @@ impl<K: ?Sized> Locks<K> {
                     _ => self.engine.waiters.wake_one(&keys.lock),
                 }
                 tracing::warn!(
-                    key = %keys.display,
+                    key = %keys.display(),
                     namespace = %self.settings.namespace,
                     by,
                     fencing_token,
@@ -398,7 +394,7 @@ fn not_a_mutex(keys: &LockKeys, kind: &str) -> LockError {
         "key",
         format!(
             "{} holds a {kind}, not a lock of this kind (another primitive's key, or a value set by hand): inspect it with the tool of that primitive",
-            keys.display
+            keys.display()
         ),
     )
 }

@@ -210,9 +210,9 @@ pub(in crate::primitives) fn script_keys(keys: &LockKeys) -> Vec<Bytes> {
     vec![
         keys.lock.clone(),
         keys.fence.clone(),
-        suffixed(&keys.lock, b":queue"),
-        suffixed(&keys.lock, b":waiters"),
-        suffixed(&keys.lock, b":since"),
+        keys.queue.clone(),
+        keys.waiters.clone(),
+        keys.since.clone(),
     ]
 }
 
@@ -220,18 +220,11 @@ pub(in crate::primitives) fn script_keys(keys: &LockKeys) -> Vec<Bytes> {
 fn release_keys(keys: &LockKeys) -> Vec<Bytes> {
     vec![
         keys.lock.clone(),
-        suffixed(&keys.lock, b":queue"),
-        suffixed(&keys.lock, b":waiters"),
+        keys.queue.clone(),
+        keys.waiters.clone(),
         keys.fence.clone(),
-        suffixed(&keys.lock, b":since"),
+        keys.since.clone(),
     ]
-}
-
-pub(in crate::primitives) fn suffixed(key: &[u8], suffix: &[u8]) -> Bytes {
-    let mut name = Vec::with_capacity(key.len() + suffix.len());
-    name.extend_from_slice(key);
-    name.extend_from_slice(suffix);
-    Bytes::from(name)
 }
 
 /// The mutex's rules: one owner at a time.
