@@ -156,38 +156,7 @@ async fn slot_migration_under_contention() {
             }));
         }
         tokio::time::sleep(Duration::from_millis(700)).await;
-        let (src_id, dst_id) = (node_id(source.port()), node_id(target_node.port()));
-        let slot_text = slot.to_string();
-        target_node.cmd_ok(&["CLUSTER", "SETSLOT", &slot_text, "IMPORTING", &src_id]);
-        source.cmd_ok(&["CLUSTER", "SETSLOT", &slot_text, "MIGRATING", &dst_id]);
-        tokio::time::sleep(Duration::from_millis(300)).await; // let ASK redirections happen
-        loop {
-            let keys = source.cmd_ok(&["CLUSTER", "GETKEYSINSLOT", &slot_text, "100"]);
-            let keys: Vec<String> = keys
-                .as_array()
-                .unwrap_or_default()
-                .iter()
-                .filter_map(|k| k.to_text())
-                .collect();
-            if keys.is_empty() {
-                break;
-            }
-            let port = target_node.port().to_string();
-            let mut args = vec![
-                "MIGRATE",
-                "127.0.0.1",
-                port.as_str(),
-                "",
-                "0",
-                "5000",
-                "KEYS",
-            ];
-            args.extend(keys.iter().map(String::as_str));
-            source.cmd_ok(&args);
-        }
-        for node in cluster.nodes.iter() {
-            let _ = node.cmd(&["CLUSTER", "SETSLOT", &slot_text, "NODE", &dst_id]);
-        }
+        migrate_slot(&cluster, slot, source, target_node);
         let mut total = 0;
         for task in tasks {
             total += task.await.expect("task");
@@ -211,6 +180,152 @@ async fn slot_migration_under_contention() {
         );
         println!(
             "{}: {total} critical sections across a slot migration",
+            kind.name()
+        );
+    }
+}
+
+/// Moves `slot` from `source` to `target` (another primary): IMPORTING/MIGRATING, `MIGRATE` of
+/// every key in it (keys keep their TTLs), then `SETSLOT NODE` on every node.
+fn migrate_slot(cluster: &Cluster, slot: u16, source: &harness::Server, target: &harness::Server) {
+    let (src_id, dst_id) = (node_id(source.port()), node_id(target.port()));
+    let slot_text = slot.to_string();
+    target.cmd_ok(&["CLUSTER", "SETSLOT", &slot_text, "IMPORTING", &src_id]);
+    source.cmd_ok(&["CLUSTER", "SETSLOT", &slot_text, "MIGRATING", &dst_id]);
+    std::thread::sleep(Duration::from_millis(300)); // let ASK redirections happen
+    loop {
+        let keys = source.cmd_ok(&["CLUSTER", "GETKEYSINSLOT", &slot_text, "100"]);
+        let keys: Vec<String> = keys
+            .as_array()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|k| k.to_text())
+            .collect();
+        if keys.is_empty() {
+            break;
+        }
+        let port = target.port().to_string();
+        let mut args = vec![
+            "MIGRATE",
+            "127.0.0.1",
+            port.as_str(),
+            "",
+            "0",
+            "5000",
+            "KEYS",
+        ];
+        args.extend(keys.iter().map(String::as_str));
+        source.cmd_ok(&args);
+    }
+    for node in cluster.nodes.iter() {
+        let _ = node.cmd(&["CLUSTER", "SETSLOT", &slot_text, "NODE", &dst_id]);
+    }
+}
+
+/// Script calls (`EVALSHA` and `EVAL`) each primary has run so far, by port.
+fn script_calls(primaries: &[&harness::Server]) -> u64 {
+    primaries
+        .iter()
+        .map(|node| {
+            harness::commandstats_calls(node.port(), "evalsha")
+                + harness::commandstats_calls(node.port(), "eval")
+        })
+        .sum()
+}
+
+/// Hundreds of locks held across most of the cluster's slots are renewed in a few calls per
+/// node and tick (not one per slot), and a held lock whose slot moves to another node while
+/// held keeps being renewed there (the node that no longer serves it says so, and it is
+/// renewed by slot from then on) instead of being reported lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_batches_by_node_and_survives_a_slot_move() {
+    const LOCKS: usize = 240;
+    for kind in ServerKind::ALL {
+        let cluster = Cluster::start(kind);
+        let client = LockClient::connect(&cluster.url()).await.expect("connect");
+        let lease = Duration::from_millis(1500);
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("renew-batch").lease(lease))
+            .expect("opts");
+        let keys: Vec<String> = (0..LOCKS).map(|i| format!("k{i}")).collect();
+        let slots: std::collections::BTreeSet<u16> = keys
+            .iter()
+            .map(|k| harness::key_slot(&LockClient::server_key("renew-batch", k.as_str())))
+            .collect();
+        let entered = Arc::new(AtomicUsize::new(0));
+        let release = Arc::new(tokio::sync::Notify::new());
+        let mut tasks = Vec::new();
+        for key in keys.clone() {
+            let (locks, entered, release) = (locks.clone(), entered.clone(), release.clone());
+            tasks.push(tokio::spawn(async move {
+                locks
+                    .with_lock(key.as_str(), Duration::from_secs(10), async {
+                        let released = release.notified();
+                        entered.fetch_add(1, Ordering::SeqCst);
+                        released.await;
+                    })
+                    .await
+            }));
+        }
+        let all_in = Instant::now() + Duration::from_secs(20);
+        while entered.load(Ordering::SeqCst) < LOCKS {
+            assert!(
+                Instant::now() < all_in,
+                "{}: not every lock was taken",
+                kind.name()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let primaries: Vec<&harness::Server> = cluster.nodes.iter().take(3).collect();
+        let renewals_before = client.stats().renewals;
+        let calls_before = script_calls(&primaries);
+        let held_from = Instant::now();
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        // Move the slot of the first lock to another primary while it is held.
+        let moved_key = LockClient::server_key("renew-batch", keys[0].as_str());
+        let slot = harness::key_slot(&moved_key);
+        let source = cluster.primary_for_slot(slot);
+        let target_node = *primaries
+            .iter()
+            .find(|n| n.port() != source.port())
+            .expect("another primary");
+        tokio::task::block_in_place(|| migrate_slot(&cluster, slot, source, target_node));
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let calls = script_calls(&primaries) - calls_before;
+        let renewals = client.stats().renewals - renewals_before;
+        let held_for = held_from.elapsed();
+        let moved_key_text = String::from_utf8_lossy(&moved_key).into_owned();
+        let pttl = target_node
+            .cmd_ok(&["PTTL", moved_key_text.as_str()])
+            .as_int()
+            .unwrap_or(-2);
+        release.notify_waiters();
+        for task in tasks {
+            task.await.expect("task").unwrap_or_else(|error| {
+                panic!("{}: a held lock was not kept: {error:?}", kind.name())
+            });
+        }
+        let ticks = held_for.as_secs_f64() / (lease.as_secs_f64() / 3.0);
+        let per_slot = slots.len() as f64 * ticks;
+        println!(
+            "{}: {LOCKS} locks on {} slots held {held_for:?}: {calls} script calls ({:.1} per tick; one per slot would be {per_slot:.0}), {renewals} renewals; moved lock's PTTL on its new node {pttl} ms",
+            kind.name(),
+            slots.len(),
+            calls as f64 / ticks,
+        );
+        assert!(
+            renewals as f64 >= LOCKS as f64 * (ticks - 2.0),
+            "{}: {renewals} renewals in {ticks:.1} ticks",
+            kind.name()
+        );
+        assert!(
+            (calls as f64) < per_slot / 10.0,
+            "{}: {calls} renewal calls for {LOCKS} locks in {ticks:.1} ticks: not batched by node",
+            kind.name()
+        );
+        assert!(
+            pttl > 0 && pttl <= 1500,
+            "{}: the moved lock's key on its new node has PTTL {pttl}",
             kind.name()
         );
     }

@@ -10,6 +10,7 @@ use fred::clients::Client;
 use fred::error::Error;
 use fred::interfaces::{ClientLike, ClusterInterface};
 use fred::types::Value;
+use fred::types::cluster::ClusterRouting;
 use fred::types::config::Server;
 use tokio::time::Instant;
 
@@ -85,6 +86,15 @@ impl Connection {
     pub(crate) fn forget_topology(&self) {
         self.pool.discard_idle();
         self.hints.forget_guesses();
+    }
+
+    /// A snapshot of the client's routing of a cluster's slots to its primaries, or `None`
+    /// on other deployments (and before the client knows the cluster).
+    pub(crate) fn cluster_routing(&self) -> Option<ClusterRouting> {
+        if self.deployment != Deployment::Cluster {
+            return None;
+        }
+        self.fred.cached_cluster_state()
     }
 }
 

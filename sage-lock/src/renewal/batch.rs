@@ -19,49 +19,98 @@ use crate::scripts::Script;
 /// Most locks renewed by one script call.
 const MAX_BATCH: usize = 256;
 
-/// Renews many holds of one slot at once. `ARGV[1]` is the lease in ms; `KEYS[i]` is renewed
-/// per `ARGV[2i]`: `o` (the key holds the token `ARGV[2i + 1]`: `PEXPIRE` it) or `m` (the token
-/// is a member of the sorted set `KEYS[i]`, scored by its expiry in server ms: move its expiry
-/// and keep the set alive at least as long). Replies one 1 (renewed) or 0 (no longer ours) per
-/// key. A key of the wrong type counts as "no longer ours" for that key alone.
-const RENEW_MANY: &str = r"
-local lease = tonumber(ARGV[1])
+/// The loop shared by both renewal scripts. Needs `lease`, `keys` (the keys, in order) and
+/// `moved` (what a key this node does not serve gets) set first. `ARGV[2i]` is key `i`'s kind:
+/// `o` (the key holds the token `ARGV[2i + 1]`: `PEXPIRE` it) or `m` (the token is a member of
+/// the sorted set, scored by its expiry in server ms: move its expiry and keep the set alive at
+/// least as long). Replies one code per key: 1 renewed, 0 no longer ours (a key of the wrong
+/// type counts as that, for that key alone), 2 served by another node (see [`RENEW_ACROSS`]).
+macro_rules! renew_loop {
+    () => {
+        r"
 local now
 local renewed = {}
-for i = 1, #KEYS do
+local function verdict(reply)
+  if type(reply) == 'table' and reply.err and not string.find(reply.err, 'WRONGTYPE', 1, true) then
+    return moved
+  end
+  return 0
+end
+for i = 1, #keys do
   local kind, token = ARGV[2 * i], ARGV[2 * i + 1]
   renewed[i] = 0
   if kind == 'o' then
-    local held = redis.pcall('GET', KEYS[i])
+    local held = redis.pcall('GET', keys[i])
     -- A mutex holder's value may carry the queued mark ('+').
     if held == token or held == token .. '+' then
-      renewed[i] = redis.call('PEXPIRE', KEYS[i], lease)
+      renewed[i] = redis.call('PEXPIRE', keys[i], lease)
+    else
+      renewed[i] = verdict(held)
     end
   else
     if not now then
       local t = redis.call('TIME')
       now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     end
-    local score = redis.pcall('ZSCORE', KEYS[i], token)
+    local score = redis.pcall('ZSCORE', keys[i], token)
     if type(score) == 'string' and tonumber(score) > now then
-      redis.call('ZADD', KEYS[i], now + lease, token)
-      if redis.call('PTTL', KEYS[i]) < lease then
-        redis.call('PEXPIRE', KEYS[i], lease)
+      redis.call('ZADD', keys[i], now + lease, token)
+      if redis.call('PTTL', keys[i]) < lease then
+        redis.call('PEXPIRE', keys[i], lease)
       end
       renewed[i] = 1
+    else
+      renewed[i] = verdict(score)
     end
   end
 end
 return renewed
-";
+"
+    };
+}
+
+/// Renews many holds of one slot at once: `KEYS[i]` per `ARGV[2i]`, `ARGV[2i + 1]` (see
+/// [`renew_loop`]); `ARGV[1]` is the lease in ms.
+const RENEW_MANY: &str = concat!(
+    r"
+local lease = tonumber(ARGV[1])
+local keys = KEYS
+local moved = 0
+",
+    renew_loop!()
+);
+
+/// Renews many holds of one cluster node at once, whatever their slots: the same as
+/// [`RENEW_MANY`] with the keys after the kinds and tokens (`ARGV[1 + 2n + i]` for `n` holds),
+/// undeclared, which the `allow-cross-slot-keys` flag allows as long as this node serves them
+/// (a cluster rejects declared keys of different slots before running a script). A key this
+/// node does not serve (its slot moved, or is moving) gets 2, so that hold is renewed by slot
+/// from then on. `allow-oom`: a script with flags is otherwise refused whole while the server
+/// is out of memory, and renewing adds almost nothing.
+const RENEW_ACROSS: &str = concat!(
+    r"#!lua flags=allow-cross-slot-keys,allow-oom
+local lease = tonumber(ARGV[1])
+local n = (#ARGV - 1) / 3
+local keys = {}
+for i = 1, n do
+  keys[i] = ARGV[1 + 2 * n + i]
+end
+local moved = 2
+",
+    renew_loop!()
+);
 
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_MANY));
+static RENEW_ACROSS_SLOTS: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW_ACROSS));
 
 /// What one attempt meant for one lock.
 pub(super) enum Outcome {
     Renewed,
     Lost(LossReason),
     Retry(LossReason),
+    /// The node the call went to no longer serves the hold's slot: retry in a call of its own
+    /// slot, routed afresh.
+    Elsewhere(LossReason),
 }
 
 /// The outcome of one renewal call: when it was sent, and what it meant for each lock.
@@ -70,20 +119,32 @@ pub(super) struct Attempt {
     pub(super) outcomes: Vec<(u64, Outcome)>,
 }
 
-/// Locks that can be renewed by one call: same slot (clusters only: a script's keys must share
-/// one), acknowledgement mode, lease and granting node.
+/// Where the holds of one call live.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(super) enum Place {
+    /// One server holds every key (standalone, replicated).
+    Server,
+    /// This cluster node serves the holds' slots, as far as the client's routing knows: one
+    /// call for all of them ([`RENEW_ACROSS`]).
+    Node(Server),
+    /// This cluster slot (the node is unknown, or it answered that it no longer serves a hold).
+    Slot(u16),
+}
+
+/// Locks that can be renewed by one call: same place, acknowledgement mode, lease and granting
+/// node.
 #[derive(PartialEq, Eq, Hash)]
 pub(super) struct BatchKey {
-    slot: Option<u16>,
+    place: Place,
     replica_ack: bool,
     lease: Duration,
     granted_by: Option<Server>,
 }
 
 impl BatchKey {
-    pub(super) fn of(renewal: &Renewal, by_slot: bool) -> Self {
+    pub(super) fn of(renewal: &Renewal, place: Place) -> Self {
         BatchKey {
-            slot: by_slot.then_some(renewal.slot),
+            place,
             replica_ack: renewal.replica_ack,
             lease: renewal.lease_duration,
             granted_by: renewal.granted_by.clone(),
@@ -93,7 +154,10 @@ impl BatchKey {
 
 /// Locks renewed by one script call, and the call's deadline.
 pub(super) struct Batch {
+    /// The slot the call is routed by (a cluster's node serving it runs the call).
     slot: u16,
+    /// Whether the keys may span slots (sent with [`RENEW_ACROSS`]).
+    across_slots: bool,
     replica_ack: bool,
     lease: Duration,
     granted_by: Option<Server>,
@@ -105,9 +169,10 @@ pub(super) struct Batch {
 }
 
 impl Batch {
-    pub(super) fn new(renewal: &Renewal) -> Self {
+    pub(super) fn new(renewal: &Renewal, place: &Place) -> Self {
         Batch {
             slot: renewal.slot,
+            across_slots: matches!(place, Place::Node(_)),
             replica_ack: renewal.replica_ack,
             lease: renewal.lease_duration,
             granted_by: renewal.granted_by.clone(),
@@ -138,6 +203,7 @@ impl Batch {
             let take = ids.len().min(MAX_BATCH);
             out.push(Batch {
                 slot: self.slot,
+                across_slots: self.across_slots,
                 replica_ack: self.replica_ack,
                 lease: self.lease,
                 granted_by: self.granted_by.clone(),
@@ -155,10 +221,15 @@ impl Batch {
     pub(super) async fn renew(self, conn: &Connection) -> Attempt {
         let sent = std::time::Instant::now();
         let deadline = self.deadline.unwrap_or_else(Instant::now);
-        let mut args = Vec::with_capacity(1 + self.tokens.len());
+        let mut args = Vec::with_capacity(1 + self.tokens.len() + self.keys.len());
         args.push(Value::Integer(millis(self.lease)));
         args.extend(self.tokens);
-        let call = RENEW.call(self.slot, self.keys, args);
+        let call = if self.across_slots {
+            args.extend(self.keys.into_iter().map(Value::Bytes));
+            RENEW_ACROSS_SLOTS.call(self.slot, Vec::new(), args)
+        } else {
+            RENEW.call(self.slot, self.keys, args)
+        };
         let result = conn
             .run(
                 &call,
@@ -173,6 +244,9 @@ impl Batch {
                 .iter()
                 .map(|flag| match flag.as_i64() {
                     Some(1) => Outcome::Renewed,
+                    Some(2) => Outcome::Elsewhere(LossReason::RenewalFailed(
+                        "the node renewing several slots at once no longer serves this one".into(),
+                    )),
                     _ => Outcome::Lost(LossReason::NotOwner),
                 })
                 .collect(),

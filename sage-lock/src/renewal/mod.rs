@@ -18,6 +18,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use fred::types::cluster::ClusterRouting as Routing;
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -27,8 +28,7 @@ use crate::error::LossReason;
 use crate::lease::drift;
 use crate::observe::Event;
 use crate::retry::Backoff;
-use crate::topology::Deployment;
-use batch::{Batch, BatchKey, Outcome};
+use batch::{Batch, BatchKey, Outcome, Place};
 pub(crate) use target::{HoldKind, RenewTarget, Renewal};
 
 struct Entry {
@@ -37,6 +37,9 @@ struct Entry {
     lost: Option<oneshot::Sender<LossReason>>,
     backoff: Backoff,
     last_problem: Option<LossReason>,
+    /// Renewed in calls of its own slot only (a cluster node renewing several slots at once
+    /// answered that it no longer serves this one).
+    by_slot: bool,
 }
 
 #[derive(Default)]
@@ -162,6 +165,7 @@ impl Renewer {
                 lost: Some(lost),
                 backoff,
                 last_problem: None,
+                by_slot: false,
             };
             state.entries.insert(id, entry);
             (id, earliest)
@@ -207,7 +211,8 @@ impl Shared {
 
     /// Takes every entry due by `now` (plus the batching window) out of the queue, grouped into
     /// batches that can share one script call.
-    fn take_due(&self, now: Instant, by_slot: bool) -> Vec<Batch> {
+    /// `cluster`: the client's routing of a cluster's slots (`None` on other deployments).
+    fn take_due(&self, now: Instant, cluster: Option<&Routing>) -> Vec<Batch> {
         let mut state = lock(&self.state);
         let Some(&(first_due, first_id)) = state.queue.first() else {
             return Vec::new();
@@ -229,10 +234,18 @@ impl Shared {
             let Some(entry) = state.entries.get(&id) else {
                 continue;
             };
-            let key = BatchKey::of(&entry.renewal, by_slot);
+            let slot = entry.renewal.slot;
+            let place = match cluster {
+                None => Place::Server,
+                Some(_) if entry.by_slot => Place::Slot(slot),
+                Some(routing) => routing
+                    .get_server(slot)
+                    .map_or(Place::Slot(slot), |node| Place::Node(node.clone())),
+            };
+            let key = BatchKey::of(&entry.renewal, place.clone());
             let batch = groups
                 .entry(key)
-                .or_insert_with(|| Batch::new(&entry.renewal));
+                .or_insert_with(|| Batch::new(&entry.renewal, &place));
             batch.add(id, &entry.renewal);
         }
         groups.into_values().flat_map(Batch::split).collect()
@@ -268,6 +281,12 @@ impl Shared {
                 None
             }
             Outcome::Lost(reason) => Some(reason),
+            Outcome::Elsewhere(problem) => {
+                entry.by_slot = true;
+                entry.last_problem = Some(problem);
+                entry.due = Instant::now();
+                None
+            }
             Outcome::Retry(problem) => {
                 client.stats.record(&metrics, Event::RenewalFailure);
                 let lease = &entry.renewal.lease;
@@ -323,8 +342,8 @@ async fn schedule(renewer: Weak<Shared>, wake: Arc<Notify>) {
             let Some(renewer) = renewer.upgrade() else {
                 return;
             };
-            let by_slot = renewer.conn.deployment == Deployment::Cluster;
-            for batch in renewer.take_due(Instant::now(), by_slot) {
+            let routing = renewer.conn.cluster_routing();
+            for batch in renewer.take_due(Instant::now(), routing.as_ref()) {
                 let renewer = Arc::clone(&renewer);
                 tokio::spawn(async move {
                     let attempt = batch.renew(&renewer.conn).await;
