@@ -1,8 +1,9 @@
 //! Keeps held leases alive while their bodies run, and reports when one cannot be kept.
 //!
 //! Every client has one [`Renewer`]: a background task that wakes when renewals are due and
-//! renews all leases due at about the same time together, one script call per hash slot (one per
-//! server on a standalone or replicated deployment), with one `ROLE`/`WAIT` check per call. A
+//! renews all leases due at about the same time together, one script call per server (per node
+//! on a cluster, whatever the keys' slots; per slot for a lease whose slot moved while held),
+//! capped at 256 leases per call, with one `ROLE`/`WAIT` check per call. A
 //! lease is due a third of the way through; leases due within a twentieth of a lease of each
 //! other are renewed in the same call. Registering a lease costs no task and no round trip, so a
 //! body shorter than a third of its lease never causes a renewal.
