@@ -89,7 +89,7 @@ impl Connection {
     }
 
     /// A snapshot of the client's routing of a cluster's slots to its primaries, or `None`
-    /// on other deployments (and before the client knows the cluster).
+    /// on other deployments (and whenever the client does not know the cluster's slots).
     pub(crate) fn cluster_routing(&self) -> Option<ClusterRouting> {
         if self.deployment != Deployment::Cluster {
             return None;

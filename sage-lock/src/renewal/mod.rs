@@ -29,6 +29,7 @@ use crate::error::LossReason;
 use crate::lease::drift;
 use crate::observe::Event;
 use crate::retry::Backoff;
+use crate::topology::Deployment;
 use batch::{Batch, BatchKey, Outcome, Place};
 pub(crate) use target::{HoldKind, RenewTarget, Renewal};
 
@@ -212,8 +213,9 @@ impl Shared {
 
     /// Takes every entry due by `now` (plus the batching window) out of the queue, grouped into
     /// batches that can share one script call.
-    /// `cluster`: the client's routing of a cluster's slots (`None` on other deployments).
-    fn take_due(&self, now: Instant, cluster: Option<&Routing>) -> Vec<Batch> {
+    /// `cluster`: whether the deployment is a cluster, and the client's routing of its slots
+    /// (`None` when unknown: each slot then gets calls of its own).
+    fn take_due(&self, now: Instant, cluster: Option<Option<&Routing>>) -> Vec<Batch> {
         let mut state = lock(&self.state);
         let Some(&(first_due, first_id)) = state.queue.first() else {
             return Vec::new();
@@ -235,14 +237,7 @@ impl Shared {
             let Some(entry) = state.entries.get(&id) else {
                 continue;
             };
-            let slot = entry.renewal.slot;
-            let place = match cluster {
-                None => Place::Server,
-                Some(_) if entry.by_slot => Place::Slot(slot),
-                Some(routing) => routing
-                    .get_server(slot)
-                    .map_or(Place::Slot(slot), |node| Place::Node(node.clone())),
-            };
+            let place = place_of(cluster, entry.by_slot, entry.renewal.slot);
             let key = BatchKey::of(&entry.renewal, place.clone());
             let batch = groups
                 .entry(key)
@@ -321,6 +316,18 @@ impl Shared {
     }
 }
 
+/// Where a hold on `slot` is renewed: with every hold of its server (not a cluster), of its
+/// node (a cluster whose routing is known), or of its slot (routing unknown, or `by_slot`).
+fn place_of(cluster: Option<Option<&Routing>>, by_slot: bool, slot: u16) -> Place {
+    match cluster {
+        None => Place::Server,
+        Some(Some(routing)) if !by_slot => routing
+            .get_server(slot)
+            .map_or(Place::Slot(slot), |node| Place::Node(node.clone())),
+        Some(_) => Place::Slot(slot),
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
@@ -344,7 +351,9 @@ async fn schedule(renewer: Weak<Shared>, wake: Arc<Notify>) {
                 return;
             };
             let routing = renewer.conn.cluster_routing();
-            for batch in renewer.take_due(Instant::now(), routing.as_ref()) {
+            let cluster =
+                (renewer.conn.deployment == Deployment::Cluster).then_some(routing.as_ref());
+            for batch in renewer.take_due(Instant::now(), cluster) {
                 let renewer = Arc::clone(&renewer);
                 tokio::spawn(async move {
                     let attempt = batch.renew(&renewer.conn).await;
@@ -366,6 +375,50 @@ async fn schedule(renewer: Weak<Shared>, wake: Arc<Notify>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cluster groups holds by the node its routing names, and by slot when the routing is
+    /// unknown or the hold was moved; other deployments group by server. Never one call for keys
+    /// of several slots without a known node (a cluster would refuse it).
+    #[test]
+    fn holds_are_grouped_by_node_on_a_known_cluster_only() {
+        use fred::types::Value;
+        let node = |port: i64| {
+            Value::Array(vec![
+                Value::from("127.0.0.1"),
+                Value::Integer(port),
+                Value::from(format!("id{port}")),
+            ])
+        };
+        let slots = Value::Array(vec![
+            Value::Array(vec![Value::Integer(0), Value::Integer(8191), node(7000)]),
+            Value::Array(vec![
+                Value::Integer(8192),
+                Value::Integer(16383),
+                node(7001),
+            ]),
+        ]);
+        let routing = Routing::from_cluster_slots(slots, "127.0.0.1").expect("routing");
+        let port = |place: Place| match place {
+            Place::Node(server) => Some(server.port),
+            _ => None,
+        };
+        assert!(matches!(place_of(None, false, 5), Place::Server));
+        assert_eq!(port(place_of(Some(Some(&routing)), false, 5)), Some(7000));
+        assert_eq!(
+            port(place_of(Some(Some(&routing)), false, 9000)),
+            Some(7001)
+        );
+        assert!(matches!(
+            place_of(Some(Some(&routing)), true, 5),
+            Place::Slot(5)
+        ));
+        assert!(matches!(place_of(Some(None), false, 5), Place::Slot(5)));
+        let empty = Routing::new();
+        assert!(matches!(
+            place_of(Some(Some(&empty)), false, 5),
+            Place::Slot(5)
+        ));
+    }
 
     /// Short holds one after another, each released before the scheduler (woken for the
     /// first) runs: only the first registration wakes it, and it still wakes in time for a
