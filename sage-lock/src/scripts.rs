@@ -1,7 +1,9 @@
 //! How lock scripts are sent, and the reply shapes every primitive's scripts share.
 //!
 //! Each primitive states its own Lua scripts (as `static` [`Script`]s, hashed once per process).
-//! Every script touches only keys of one lock (one hash slot) and is sent as `EVALSHA`, falling
+//! Every script touches only keys of one hash slot (the keys of one lock, or the renewal's keys
+//! of one slot), except the cluster renewal, which touches keys of one node (see
+//! `renewal::batch`). Each is sent as `EVALSHA`, falling
 //! back to `EVAL` when the server answers `NOSCRIPT` (after a restart, failover or
 //! `SCRIPT FLUSH`). Commands are built with [`fred::types::CustomCommand`] routed by
 //! [`ClusterHash::Custom`] because fred's `LuaInterface` ignores per-command options.
