@@ -61,8 +61,8 @@ impl Connection {
         );
         let args = vec![Value::Bytes(key.clone()), Value::Bytes(value.clone())];
         // Boxed, as in `run_plain`: fred's command future is large.
-        let delifeq =
-            Box::pin(async move { self.fred.custom::<Value, Value>(command, args).await });
+        let fred = self.fred.with_options(&super::CALLER_TIMED);
+        let delifeq = Box::pin(async move { fred.custom::<Value, Value>(command, args).await });
         match tokio::time::timeout_at(deadline, delifeq).await {
             Ok(Ok(reply)) => reply.as_i64().map(|deleted| deleted == 1),
             Ok(Err(error)) => {

@@ -388,7 +388,8 @@ async fn run_plain(fred: &Client, call: &ScriptCall<'_>) -> Result<Value, Error>
         let (cmd, args) = call.command(use_source);
         // Boxed: fred's command future is ~7 KB; kept inline it would make every future above
         // it (acquire, hold, release) as large, and each move of those a multi-KB copy.
-        match Box::pin(async move { fred.custom::<Value, Value>(cmd, args).await }).await {
+        let timed = fred.with_options(&CALLER_TIMED);
+        match Box::pin(async move { timed.custom::<Value, Value>(cmd, args).await }).await {
             Err(error) if is_noscript(&error) && !use_source => use_source = true,
             Err(error) if redirect::is_redirection(&error) => {
                 redirections += 1;
@@ -401,6 +402,14 @@ async fn run_plain(fred: &Client, call: &ScriptCall<'_>) -> Result<Value, Error>
         }
     }
 }
+
+/// Per-command options of a command whose caller bounds it with a deadline of its own: no fred
+/// timeout on top (a zero timeout is none), which saves a timer per command.
+pub(crate) static CALLER_TIMED: std::sync::LazyLock<fred::types::config::Options> =
+    std::sync::LazyLock::new(|| fred::types::config::Options {
+        timeout: Some(Duration::ZERO),
+        ..Default::default()
+    });
 
 /// The detail text of a command cut short by the caller's deadline.
 pub(crate) const DEADLINE_REACHED: &str = "no reply before the deadline";
