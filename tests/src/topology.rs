@@ -565,6 +565,57 @@ impl Cluster {
         Err(format!("no cluster node answers: {errors:?}"))
     }
 
+    /// Starts moving `slot` from `source` to `target` (both primaries): `SETSLOT IMPORTING` on
+    /// the target, `MIGRATING` on the source. Keys still on the source then get ASK.
+    ///
+    /// # Panics
+    /// When a node refuses.
+    pub fn mark_slot_migrating(&self, slot: u16, source: &Server, target: &Server) {
+        let slot = slot.to_string();
+        let (src_id, dst_id) = (node_id_of(source), node_id_of(target));
+        target.cmd_ok(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id]);
+        source.cmd_ok(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id]);
+    }
+
+    /// `MIGRATE`s every key of `slot` from `source` to `target` (keys keep their TTLs), after
+    /// [`Cluster::mark_slot_migrating`].
+    ///
+    /// # Panics
+    /// When a node refuses.
+    pub fn move_slot_keys(&self, slot: u16, source: &Server, target: &Server) {
+        let slot = slot.to_string();
+        let port = target.port().to_string();
+        loop {
+            let keys = source.cmd_ok(&["CLUSTER", "GETKEYSINSLOT", &slot, "100"]);
+            let keys: Vec<String> = keys
+                .as_array()
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|k| k.to_text())
+                .collect();
+            if keys.is_empty() {
+                return;
+            }
+            let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+            args.extend(keys.iter().map(String::as_str));
+            source.cmd_ok(&args);
+        }
+    }
+
+    /// Ends a slot move: `SETSLOT NODE target` on the target, then the source, then every
+    /// other node (the order the docs recommend; a node that refuses is skipped).
+    ///
+    /// # Panics
+    /// When the target or the source refuses.
+    pub fn assign_slot(&self, slot: u16, source: &Server, target: &Server) {
+        let (slot, dst_id) = (slot.to_string(), node_id_of(target));
+        target.cmd_ok(&["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]);
+        source.cmd_ok(&["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]);
+        for node in &self.nodes {
+            let _ = node.cmd(&["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]);
+        }
+    }
+
     /// The node currently serving `slot` (per `CLUSTER NODES` of the first node that answers).
     ///
     /// # Panics
@@ -712,4 +763,14 @@ impl Cluster {
         })?;
         self.wait_state_ok(timeout)
     }
+}
+
+/// The cluster node id of `node` (`CLUSTER MYID`).
+///
+/// # Panics
+/// When the node does not answer.
+fn node_id_of(node: &Server) -> String {
+    node.cmd_ok(&["CLUSTER", "MYID"])
+        .to_text()
+        .expect("CLUSTER MYID")
 }

@@ -185,41 +185,13 @@ async fn slot_migration_under_contention() {
     }
 }
 
-/// Moves `slot` from `source` to `target` (another primary): IMPORTING/MIGRATING, `MIGRATE` of
-/// every key in it (keys keep their TTLs), then `SETSLOT NODE` on every node.
+/// Moves `slot` from `source` to `target` (another primary), letting ASK redirections happen
+/// for 300 ms before the keys move (they keep their TTLs).
 fn migrate_slot(cluster: &Cluster, slot: u16, source: &harness::Server, target: &harness::Server) {
-    let (src_id, dst_id) = (node_id(source.port()), node_id(target.port()));
-    let slot_text = slot.to_string();
-    target.cmd_ok(&["CLUSTER", "SETSLOT", &slot_text, "IMPORTING", &src_id]);
-    source.cmd_ok(&["CLUSTER", "SETSLOT", &slot_text, "MIGRATING", &dst_id]);
-    std::thread::sleep(Duration::from_millis(300)); // let ASK redirections happen
-    loop {
-        let keys = source.cmd_ok(&["CLUSTER", "GETKEYSINSLOT", &slot_text, "100"]);
-        let keys: Vec<String> = keys
-            .as_array()
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|k| k.to_text())
-            .collect();
-        if keys.is_empty() {
-            break;
-        }
-        let port = target.port().to_string();
-        let mut args = vec![
-            "MIGRATE",
-            "127.0.0.1",
-            port.as_str(),
-            "",
-            "0",
-            "5000",
-            "KEYS",
-        ];
-        args.extend(keys.iter().map(String::as_str));
-        source.cmd_ok(&args);
-    }
-    for node in cluster.nodes.iter() {
-        let _ = node.cmd(&["CLUSTER", "SETSLOT", &slot_text, "NODE", &dst_id]);
-    }
+    cluster.mark_slot_migrating(slot, source, target);
+    std::thread::sleep(Duration::from_millis(300));
+    cluster.move_slot_keys(slot, source, target);
+    cluster.assign_slot(slot, source, target);
 }
 
 /// Script calls (`EVALSHA` and `EVAL`) each primary has run so far, by port.
@@ -329,11 +301,4 @@ async fn renewal_batches_by_node_and_survives_a_slot_move() {
             kind.name()
         );
     }
-}
-
-fn node_id(port: u16) -> String {
-    harness::cmd(port, &["CLUSTER", "MYID"])
-        .ok()
-        .and_then(|r| r.to_text())
-        .expect("CLUSTER MYID")
 }

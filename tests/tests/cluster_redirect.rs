@@ -41,12 +41,6 @@ impl Calls {
     }
 }
 
-fn node_id(node: &Server) -> String {
-    node.cmd_ok(&["CLUSTER", "MYID"])
-        .to_text()
-        .expect("CLUSTER MYID")
-}
-
 /// One lock's slot, its owner, another primary to move it to, and that primary's replica.
 struct Move<'c> {
     slot: u16,
@@ -81,44 +75,14 @@ impl<'c> Move<'c> {
 
     /// `SETSLOT IMPORTING`/`MIGRATING`, then `MIGRATE` every key of the slot: after this the
     /// source answers ASK for the slot's keys.
-    fn start(&self) {
-        let slot = self.slot.to_string();
-        let (src_id, dst_id) = (node_id(self.source), node_id(self.target));
-        self.target
-            .cmd_ok(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src_id]);
-        self.source
-            .cmd_ok(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst_id]);
-        loop {
-            let keys = self
-                .source
-                .cmd_ok(&["CLUSTER", "GETKEYSINSLOT", &slot, "100"]);
-            let keys: Vec<String> = keys
-                .as_array()
-                .unwrap_or_default()
-                .iter()
-                .filter_map(|k| k.to_text())
-                .collect();
-            if keys.is_empty() {
-                break;
-            }
-            let port = self.target.port().to_string();
-            let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
-            args.extend(keys.iter().map(String::as_str));
-            self.source.cmd_ok(&args);
-        }
+    fn start(&self, cluster: &Cluster) {
+        cluster.mark_slot_migrating(self.slot, self.source, self.target);
+        cluster.move_slot_keys(self.slot, self.source, self.target);
     }
 
     /// `SETSLOT NODE target` on every node: after this the source answers MOVED.
     fn finish(&self, cluster: &Cluster) {
-        let (slot, dst_id) = (self.slot.to_string(), node_id(self.target));
-        // The target first, then the source, then the rest (the order the docs recommend).
-        self.target
-            .cmd_ok(&["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]);
-        self.source
-            .cmd_ok(&["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]);
-        for node in &cluster.nodes {
-            let _ = node.cmd(&["CLUSTER", "SETSLOT", &slot, "NODE", &dst_id]);
-        }
+        cluster.assign_slot(self.slot, self.source, self.target);
         let moved = harness::wait_until(Duration::from_secs(10), || {
             for node in cluster.nodes.iter() {
                 let view = harness::cluster_nodes(node.port())?;
@@ -200,7 +164,7 @@ async fn moved_acquisition_is_checked_on_the_new_owner() {
             .await
             .expect("warm-up acquisition");
         let plan = Move::plan(&cluster, "moved", "k");
-        plan.start();
+        plan.start(&cluster);
         plan.finish(&cluster);
         let (source_before, target_before) = (Calls::of(plan.source), Calls::of(plan.target));
         plan.target_replica.pause();
@@ -278,7 +242,7 @@ async fn ask_acquisition_waits_for_the_migration() {
             .await
             .expect("warm-up acquisition");
         let plan = Move::plan(&cluster, "asked", "k");
-        plan.start();
+        plan.start(&cluster);
         let (source_before, target_before) = (Calls::of(plan.source), Calls::of(plan.target));
         plan.target_replica.pause();
         let result = locks.with_lock("k", Duration::from_secs(2), async {}).await;
@@ -345,7 +309,7 @@ async fn moved_renewal_is_checked_on_the_new_owner() {
             .with_lock("k", Duration::from_secs(5), async {
                 // A renewal or two on the old owner, so the renewer's connection is warm.
                 tokio::time::sleep(Duration::from_millis(1200)).await;
-                plan.start();
+                plan.start(&cluster);
                 plan.finish(&cluster);
                 plan.target_replica.pause();
                 paused_at = Some(Instant::now());
@@ -402,7 +366,7 @@ async fn ask_release_keeps_the_shared_connection() {
         let (client, locks) = client_and_locks(&cluster, "released", lease).await;
         let plan = Move::plan(&cluster, "released", "k");
         let result = locks
-            .with_lock("k", Duration::from_secs(5), async { plan.start() })
+            .with_lock("k", Duration::from_secs(5), async { plan.start(&cluster) })
             .await;
         let answers = shared_connection_answers(&client).await;
         println!(
