@@ -10,7 +10,7 @@ use sage_lock::{LockClient, LockError, Locks};
 use sage_lock_examples::percentile;
 use serde_json::json;
 
-use crate::measure::{Probe, duration_us, nanos, run_for, spin, to_f64};
+use crate::measure::{Probe, duration_us, nanos, ping_after_spin, run_for, spin, to_f64};
 use crate::peer;
 use crate::report::{Goal, Report};
 use crate::{CONTENDERS, CRITICAL_SECTION, Plan, RSLOCK_NESTED, SAGE_NESTED};
@@ -159,10 +159,21 @@ pub(crate) async fn multi_process_suite(
     rtt_us: f64,
 ) -> anyhow::Result<()> {
     let mut details = serde_json::Map::new();
+    // What a release costs on this machine right after a spinning body, next to the ideal's
+    // round trip: the machine's share of the gap between the ideal and what any lock reaches.
+    let handoff_rtt_us = ping_after_spin(fred, 500).await?;
+    report.info(
+        "server: PING right after a 1 ms spin",
+        "round trip p50 (the hand-off's)",
+        handoff_rtt_us,
+        "us",
+    );
+    details.insert("ping_after_spin_p50_us".into(), json!(handoff_rtt_us));
+    let rtts = (rtt_us, handoff_rtt_us);
     // (processes, tasks, goal for the share of ideal): the two contended shapes.
     for (processes, tasks, goal) in [(1, 8, 0.95), (4, 2, 0.9)] {
         let detail =
-            process_contention(report, fred, url, plan, rtt_us, processes, tasks, goal).await?;
+            process_contention(report, fred, url, plan, rtts, processes, tasks, goal).await?;
         details.insert(format!("{processes}x{tasks}"), detail);
     }
     report.detail("multi_process_contention", details.into());
@@ -175,7 +186,7 @@ async fn process_contention(
     fred: &Client,
     url: &str,
     plan: &Plan,
-    rtt_us: f64,
+    (rtt_us, handoff_rtt_us): (f64, f64),
     processes: usize,
     tasks: usize,
     goal: f64,
@@ -193,6 +204,9 @@ async fn process_contention(
         wait: Duration::from_secs(2),
     };
     let ideal = scenario.run.as_secs_f64() * 1e6 / (duration_us(CRITICAL_SECTION) + rtt_us);
+    // The same with the round trip a release pays on this machine after a spinning body.
+    let machine_ideal =
+        scenario.run.as_secs_f64() * 1e6 / (duration_us(CRITICAL_SECTION) + handoff_rtt_us);
     let mut details = serde_json::Map::new();
     let mut p99s = Vec::new();
     for (subject, label, nested) in [
@@ -237,6 +251,13 @@ async fn process_contention(
             to_f64(total) / ideal,
             Some(Goal::AtLeast(goal)),
         );
+        report.ratio(
+            "",
+            "critical sections / ideal with the hand-off's PING",
+            (to_f64(total), ""),
+            to_f64(total) / machine_ideal,
+            None,
+        );
         if processes > 1 {
             report.ratio(
                 "",
@@ -265,6 +286,7 @@ async fn process_contention(
             label.to_owned(),
             json!({"sections_per_process": sections, "timeouts": timeouts,
                    "p99_wait_ms": p99_ms, "ideal_sections": ideal,
+                   "ideal_sections_with_handoff_ping": machine_ideal,
                    "commands_per_acquisition": commands,
                    "usage": usage.json(total, nested)}),
         );

@@ -13,6 +13,9 @@
 //! - throughput of 8 tasks on distinct keys against `SET` throughput and rslock's;
 //! - contention: 8 tasks in the bench process on one key with 1 ms critical sections against the ideal
 //!   1 / (1 ms + RTT), and round trips per acquisition;
+//! - multi-process contention: 1 process × 8 tasks and 4 processes × 2 tasks on one key, started
+//!   together, against the same ideal and against the ideal with the round trip a release pays
+//!   here (`PING` sent right after a 1 ms spin, when the server has idled);
 //! - renewal at scale: many locks held at once, renewal round trips per tick, CPU time, losses;
 //! - `rslock` on the latency, throughput and contention scenarios, as the reference peer.
 //!

@@ -60,6 +60,22 @@ pub(crate) fn spin(duration: Duration) {
     }
 }
 
+/// The round trip a hand-off pays on this machine: `PING` p50 (µs) sent right after a 1 ms
+/// spinning body, as a release is. The server has idled for that millisecond and one core was
+/// busy, so on a VM this includes waking an idle vCPU, which an isolated `PING` loop (or
+/// `--keep-awake`) does not.
+pub(crate) async fn ping_after_spin(fred: &Client, samples: usize) -> anyhow::Result<f64> {
+    let mut rtts = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        spin(Duration::from_millis(1));
+        let start = Instant::now();
+        let _: String = fred.ping(None).await?;
+        rtts.push(nanos(start.elapsed()));
+    }
+    rtts.sort_unstable();
+    Ok(to_f64(sage_lock_examples::percentile(&rtts, 0.5)) / 1000.0)
+}
+
 /// Runs `tasks` copies of `cycle` until `window` has passed; returns the cycles that counted.
 pub(crate) async fn run_for<F, Fut>(tasks: usize, window: Duration, cycle: F) -> anyhow::Result<u64>
 where
