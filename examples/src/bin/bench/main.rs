@@ -214,7 +214,9 @@ async fn run() -> anyhow::Result<()> {
     } else {
         None
     };
-    eprintln!("latency: PING, sage-lock, rslock (interleaved), multi-thread runtime ...");
+    eprintln!(
+        "latency: PING, sage-lock, rslock, bare fred (interleaved), multi-thread runtime ..."
+    );
     let latency = latency_suite(&fred, &locks, &manager, &plan).await?;
     let rtt_us = latency.ping.p50_us;
     report_latency(&mut report, &latency, "multi-thread");
