@@ -5,6 +5,7 @@
 //! directory, without persistence, and stopped again when the example ends (on drop, on Ctrl-C,
 //! and — through a small watchdog process — even when the example is killed).
 
+pub mod floor;
 pub mod multiprocess;
 
 use std::fmt;

@@ -2,10 +2,12 @@
 //! fred directly, so `perf record -g` sees nothing else.
 //!
 //! ```text
-//! cargo run -p sage-lock-examples --release --bin cycle -- [--valkey] [--seconds N] [--tasks N] [--subject sage|fred|fred5|rslock]
+//! cargo run -p sage-lock-examples --release --bin cycle -- [--valkey] [--seconds N] [--tasks N] [--subject sage|floor|fred|fred5|rslock]
 //! ```
 //!
-//! Prints cycles/s and this process's CPU time per cycle for each subject.
+//! Prints cycles/s and this process's CPU time per cycle for each subject. `floor` sends
+//! sage-lock's own two commands with bare fred ([`sage_lock_examples::floor`]): the difference
+//! to `sage` is sage-lock's own client work.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +16,7 @@ use std::time::{Duration, Instant};
 use fred::clients::Client;
 use fred::interfaces::LuaInterface as _;
 use sage_lock::{LockClient, LockOptions};
+use sage_lock_examples::floor::Floor;
 use sage_lock_examples::{ThrowawayServer, flag_value};
 
 #[tokio::main]
@@ -24,7 +27,7 @@ async fn main() -> anyhow::Result<()> {
     let server = ThrowawayServer::start()?;
     let client = LockClient::connect(server.url()).await?;
     let window = Duration::from_secs(seconds);
-    for name in ["fred", "fred5", "rslock", "sage"] {
+    for name in ["fred", "fred5", "floor", "rslock", "sage"] {
         if subject.as_deref().is_some_and(|s| s != name) {
             continue;
         }
@@ -33,6 +36,7 @@ async fn main() -> anyhow::Result<()> {
         let cycles = match name {
             "fred" => fred_cycles(client.fred(), tasks, window, false).await?,
             "fred5" => fred_cycles(client.fred(), tasks, window, true).await?,
+            "floor" => floor_cycles(client.fred(), tasks, window).await?,
             "rslock" => rslock_cycles(server.url(), tasks, window).await?,
             _ => sage_cycles(&client, tasks, window).await?,
         };
@@ -85,6 +89,28 @@ async fn fred_cycles(
             while Instant::now() < deadline {
                 let _: fred::types::Value = fred.evalsha(&*set, keys.clone(), args.clone()).await?;
                 let _: fred::types::Value = fred.evalsha(&*del, keys.clone(), args.clone()).await?;
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for handle in handles {
+        handle.await??;
+    }
+    Ok(count.load(Ordering::Relaxed))
+}
+
+/// sage-lock's two uncontended commands on bare fred.
+async fn floor_cycles(fred: &Client, tasks: usize, window: Duration) -> anyhow::Result<u64> {
+    let floor = Arc::new(Floor::prepare(fred, tasks).await?);
+    let count = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + window;
+    let mut handles = Vec::new();
+    for task in 0..tasks {
+        let (floor, count) = (floor.clone(), count.clone());
+        handles.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                floor.sage_commands(task).await?;
                 count.fetch_add(1, Ordering::Relaxed);
             }
             Ok::<_, anyhow::Error>(())

@@ -1,14 +1,13 @@
 //! Uncontended latency: `PING`, sage-lock's `with_lock` and rslock, sequential round trips of one
 //! task; and two floors: the same cycles' commands sent with bare fred, no lock library around them.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use fred::clients::{Client, WithOptions};
-use fred::interfaces::{ClientLike as _, KeysInterface as _, LuaInterface as _};
-use fred::types::config::Options;
-use fred::types::{ClusterHash, CustomCommand, Expiration, InfoKind, SetOptions, Value};
+use fred::clients::Client;
+use fred::interfaces::ClientLike as _;
 use rslock::LockManager;
 use sage_lock::{LockClient, LockOptions, Locks};
+use sage_lock_examples::floor::Floor;
 use sage_lock_examples::percentile;
 use serde_json::json;
 
@@ -36,123 +35,6 @@ pub(crate) struct LatencySuite {
     fred_rslock: Measured,
 }
 
-/// The uncontended branch of sage-lock's mutex acquire script (`primitives::mutex::rules`), on
-/// its five keys and three arguments: the attempt, the grant marker, the fencing counter.
-const FLOOR_ACQUIRE: &str = "
-local holder = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
-if not holder then
-  if redis.call('SET', KEYS[5], '', 'PX', '315360000000', 'GET') == 'q' then
-    return {0, 0, 0}
-  end
-  return {1, redis.call('INCR', KEYS[2])}
-end
-return {0, redis.call('PTTL', KEYS[1]), 0}
-";
-
-/// Compare-and-delete of one key: sage-lock's uncontended release where the server has no
-/// `DELIFEQ` (Redis), and rslock's unlock script.
-const COMPARE_DELETE: &str =
-    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
-
-/// The floors' commands, prepared once: script SHAs, keys, and whether the server has `DELIFEQ`.
-#[derive(Debug)]
-struct Floor {
-    fred: WithOptions<Client>,
-    acquire: String,
-    compare_delete: String,
-    delifeq: bool,
-    keys: Vec<String>,
-}
-
-impl Floor {
-    async fn prepare(fred: &Client) -> anyhow::Result<Floor> {
-        let info: String = fred.info(Some(InfoKind::Server)).await?;
-        let delifeq = info
-            .lines()
-            .find_map(|line| line.trim().strip_prefix("valkey_version:"))
-            .and_then(|version| version.split('.').next()?.parse::<u32>().ok())
-            .is_some_and(|major| major >= 9);
-        let keys = ["", ":fence", ":queue", ":waiters", ":since"]
-            .iter()
-            .map(|suffix| format!("{{bench:floor}}{suffix}"))
-            .collect();
-        // As sage-lock sends them: no fred timeout per command (a zero timeout is none).
-        let untimed = Options {
-            timeout: Some(Duration::ZERO),
-            ..Options::default()
-        };
-        Ok(Floor {
-            fred: fred.with_options(&untimed),
-            acquire: fred.script_load(FLOOR_ACQUIRE).await?,
-            compare_delete: fred.script_load(COMPARE_DELETE).await?,
-            delifeq,
-            keys,
-        })
-    }
-
-    /// sage-lock's uncontended cycle, bare: the acquire script, then `DELIFEQ` (Valkey 9) or
-    /// the compare-and-delete script.
-    async fn sage_commands(&self) -> anyhow::Result<()> {
-        let token = token();
-        let args = vec![
-            Value::from(token.as_str()),
-            Value::from(LEASE_MS),
-            Value::from(0),
-        ];
-        let granted: Vec<i64> = self
-            .fred
-            .evalsha(&self.acquire, self.keys.clone(), args)
-            .await?;
-        anyhow::ensure!(
-            granted.first() == Some(&1),
-            "floor: not granted: {granted:?}"
-        );
-        self.release(&token).await
-    }
-
-    /// rslock's cycle, bare: `SET NX PX`, then its compare-and-delete script.
-    async fn rslock_commands(&self) -> anyhow::Result<()> {
-        let token = token();
-        let set: Option<String> = self
-            .fred
-            .set(
-                "bench:floor:rslock",
-                token.as_str(),
-                Some(Expiration::PX(LEASE_MS)),
-                Some(SetOptions::NX),
-                false,
-            )
-            .await?;
-        anyhow::ensure!(set.is_some(), "floor: SET NX refused");
-        let deleted: i64 = self
-            .fred
-            .evalsha(&self.compare_delete, "bench:floor:rslock", token.as_str())
-            .await?;
-        anyhow::ensure!(deleted == 1, "floor: not deleted");
-        Ok(())
-    }
-
-    async fn release(&self, token: &str) -> anyhow::Result<()> {
-        let key = self.keys[0].as_str();
-        let deleted: i64 = if self.delifeq {
-            let command = CustomCommand::new_static("DELIFEQ", ClusterHash::FirstKey, false);
-            self.fred.custom(command, vec![key, token]).await?
-        } else {
-            self.fred.evalsha(&self.compare_delete, key, token).await?
-        };
-        anyhow::ensure!(deleted == 1, "floor: not deleted");
-        Ok(())
-    }
-}
-
-/// The lease of the floors' keys, ms.
-const LEASE_MS: i64 = 10_000;
-
-/// A random owner token of 32 hex digits, as sage-lock's and rslock's are about as long.
-fn token() -> String {
-    format!("{:032x}", rand::random::<u128>())
-}
-
 /// Sequential round trips of one task: `PING`, `with_lock` (empty body), rslock `lock`+`unlock`.
 pub(crate) async fn latency_suite(
     fred: &Client,
@@ -161,7 +43,7 @@ pub(crate) async fn latency_suite(
     plan: &Plan,
 ) -> anyhow::Result<LatencySuite> {
     let batch = plan.samples / plan.rounds as usize;
-    let floor = Floor::prepare(fred).await?;
+    let floor = Floor::prepare(fred, 1).await?;
     let mut samples: [Vec<u64>; 5] = Default::default();
     let mut usage: [Usage; 5] = Default::default();
     for round in 0..=plan.rounds {
@@ -184,8 +66,8 @@ pub(crate) async fn latency_suite(
                             .map_err(peer_error)?;
                         manager.unlock(&lock).await;
                     }
-                    3 => floor.sage_commands().await?,
-                    _ => floor.rslock_commands().await?,
+                    3 => floor.sage_commands(0).await?,
+                    _ => floor.rslock_commands(0).await?,
                 }
                 if !warm_up {
                     times.push(nanos(start.elapsed()));

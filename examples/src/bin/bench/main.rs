@@ -228,7 +228,7 @@ async fn run() -> anyhow::Result<()> {
     drop(spinners);
 
     if wants("throughput") {
-        eprintln!("throughput: SET, sage-lock, rslock (interleaved) ...");
+        eprintln!("throughput: SET, sage-lock, rslock, bare fred (interleaved) ...");
         let throughput = throughput_suite(&fred, &locks, &manager, &plan).await?;
         report_throughput(&mut report, &throughput);
     }

@@ -1,4 +1,5 @@
-//! Throughput on distinct keys: `SET`, sage-lock's `with_lock` and rslock, in interleaved rounds.
+//! Throughput on distinct keys: `SET`, sage-lock's `with_lock`, rslock, and the floors (their
+//! commands on bare fred, see `sage_lock_examples::floor`), in interleaved rounds.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,6 +8,7 @@ use fred::clients::Client;
 use fred::interfaces::KeysInterface as _;
 use rslock::LockManager;
 use sage_lock::Locks;
+use sage_lock_examples::floor::Floor;
 use serde_json::json;
 
 use crate::measure::{Probe, Usage, run_for, to_f64};
@@ -31,6 +33,8 @@ pub(crate) struct ThroughputSuite {
     set: Throughput,
     sage: Throughput,
     rslock: Throughput,
+    fred_sage: Throughput,
+    fred_rslock: Throughput,
 }
 
 /// [`THROUGHPUT_TASKS`] tasks on distinct keys, one shared client: `SET`, `with_lock` (empty
@@ -42,21 +46,30 @@ pub(crate) async fn throughput_suite(
     plan: &Plan,
 ) -> anyhow::Result<ThroughputSuite> {
     let slice = plan.window / plan.rounds.min(3);
-    let mut results: [Throughput; 3] = Default::default();
+    let floor = Arc::new(Floor::prepare(fred, THROUGHPUT_TASKS).await?);
+    let mut results: [Throughput; 5] = Default::default();
     for _ in 0..plan.rounds.min(3) {
         for (subject, result) in results.iter_mut().enumerate() {
             let probe = Probe::start(fred).await?;
             let ops = match subject {
                 0 => set_throughput(fred, slice).await?,
                 1 => sage_throughput(locks, slice).await?,
-                _ => peer::throughput(manager, slice).await?,
+                2 => peer::throughput(manager, slice).await?,
+                3 => floor_throughput(&floor, slice, true).await?,
+                _ => floor_throughput(&floor, slice, false).await?,
             };
             result.usage.add(probe.stop(fred).await?);
             result.ops += ops;
         }
     }
-    let [set, sage, rslock] = results;
-    Ok(ThroughputSuite { set, sage, rslock })
+    let [set, sage, rslock, fred_sage, fred_rslock] = results;
+    Ok(ThroughputSuite {
+        set,
+        sage,
+        rslock,
+        fred_sage,
+        fred_rslock,
+    })
 }
 
 pub(crate) fn report_throughput(report: &mut Report, suite: &ThroughputSuite) {
@@ -88,6 +101,27 @@ pub(crate) fn report_throughput(report: &mut Report, suite: &ThroughputSuite) {
         suite.sage.rate() / suite.rslock.rate().max(f64::MIN_POSITIVE),
         Some(Goal::AtLeast(1.0)),
     );
+    let rslock_rate = suite.rslock.rate().max(f64::MIN_POSITIVE);
+    for (what, measured, nested) in [
+        ("sage-lock's commands", &suite.fred_sage, SAGE_NESTED),
+        ("rslock's commands", &suite.fred_rslock, RSLOCK_NESTED),
+    ] {
+        report.ratio(
+            &format!("floor: bare fred, {what}, {THROUGHPUT_TASKS} tasks"),
+            "cycles/s / rslock's",
+            (measured.rate(), "/s"),
+            measured.rate() / rslock_rate,
+            None,
+        );
+        report.costs("", "cycle", &measured.usage, measured.ops, nested);
+    }
+    report.ratio(
+        "",
+        "sage-lock / its commands on bare fred",
+        (suite.sage.rate(), "/s"),
+        suite.sage.rate() / suite.fred_sage.rate().max(f64::MIN_POSITIVE),
+        None,
+    );
     report.detail(
         "throughput",
         json!({
@@ -96,6 +130,10 @@ pub(crate) fn report_throughput(report: &mut Report, suite: &ThroughputSuite) {
                           "usage": suite.sage.usage.json(suite.sage.ops, SAGE_NESTED)},
             "rslock": {"cycles_per_s": suite.rslock.rate(),
                        "usage": suite.rslock.usage.json(suite.rslock.ops, RSLOCK_NESTED)},
+            "fred_with_sage_lock_commands": {"cycles_per_s": suite.fred_sage.rate(),
+                "usage": suite.fred_sage.usage.json(suite.fred_sage.ops, SAGE_NESTED)},
+            "fred_with_rslock_commands": {"cycles_per_s": suite.fred_rslock.rate(),
+                "usage": suite.fred_rslock.usage.json(suite.fred_rslock.ops, RSLOCK_NESTED)},
         }),
     );
 }
@@ -127,6 +165,24 @@ async fn sage_throughput(locks: &Locks<str>, window: Duration) -> anyhow::Result
             locks
                 .with_lock(keys[task].as_str(), LEASE, async {})
                 .await?;
+            Ok(true)
+        }
+    })
+    .await
+}
+
+/// The floors on [`THROUGHPUT_TASKS`] tasks: sage-lock's commands (`sage`) or rslock's, on
+/// bare fred.
+async fn floor_throughput(floor: &Arc<Floor>, window: Duration, sage: bool) -> anyhow::Result<u64> {
+    let floor = Arc::clone(floor);
+    run_for(THROUGHPUT_TASKS, window, move |task| {
+        let floor = Arc::clone(&floor);
+        async move {
+            if sage {
+                floor.sage_commands(task).await?;
+            } else {
+                floor.rslock_commands(task).await?;
+            }
             Ok(true)
         }
     })
