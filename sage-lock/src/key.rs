@@ -202,20 +202,24 @@ const NAMED_SUFFIXES: [&[u8]; 4] = [b":fence", b":queue", b":waiters", b":since"
 impl LockKeys {
     /// Lays out the server keys for `key` (already encoded) in `namespace`.
     pub(crate) fn new(namespace: &str, key: &[u8]) -> Self {
-        let mut lock = Vec::with_capacity(namespace.len() + key.len() + 4);
-        lock.push(b'{');
-        escape_into(namespace.as_bytes(), true, &mut lock);
-        lock.push(b':');
-        escape_into(key, false, &mut lock);
-        lock.push(b'}');
-        let slot = fred::util::redis_keyslot(&lock);
-        // One buffer, `lock:fence lock:queue lock:waiters lock:since key`, sliced per name.
+        // One buffer, `lock:fence lock:queue lock:waiters lock:since key`, sliced per name
+        // (`lock` is the start of `lock:fence`).
+        let name_len = namespace.len() + key.len() + 3;
         let suffixes: usize = NAMED_SUFFIXES.iter().map(|s| s.len()).sum();
-        let mut all = Vec::with_capacity(NAMED_SUFFIXES.len() * lock.len() + suffixes + key.len());
+        let mut all = Vec::with_capacity(NAMED_SUFFIXES.len() * name_len + suffixes + key.len());
+        all.push(b'{');
+        escape_into(namespace.as_bytes(), true, &mut all);
+        all.push(b':');
+        escape_into(key, false, &mut all);
+        all.push(b'}');
+        let lock_len = all.len();
+        let slot = fred::util::redis_keyslot(&all);
         let mut ranges = [(0, 0); 4];
-        for (range, suffix) in ranges.iter_mut().zip(NAMED_SUFFIXES) {
-            let start = all.len();
-            all.extend_from_slice(&lock);
+        for (index, (range, suffix)) in ranges.iter_mut().zip(NAMED_SUFFIXES).enumerate() {
+            let start = if index == 0 { 0 } else { all.len() };
+            if index > 0 {
+                all.extend_from_within(..lock_len);
+            }
             all.extend_from_slice(suffix);
             *range = (start, all.len());
         }
@@ -224,7 +228,7 @@ impl LockKeys {
         let all = Bytes::from(all);
         let [fence, queue, waiters, since] = ranges.map(|(start, end)| all.slice(start..end));
         LockKeys {
-            lock: all.slice(0..lock.len()),
+            lock: all.slice(0..lock_len),
             fence,
             queue,
             waiters,
@@ -294,6 +298,11 @@ pub(crate) fn decode_lock_key(namespace: &str, server_key: &[u8]) -> Option<Vec<
 }
 
 fn escape_into(bytes: &[u8], escape_colon: bool, out: &mut Vec<u8>) {
+    let special = |byte: u8| matches!(byte, b'%' | b'{' | b'}') || (escape_colon && byte == b':');
+    if !bytes.iter().any(|&byte| special(byte)) {
+        out.extend_from_slice(bytes);
+        return;
+    }
     for &byte in bytes {
         match byte {
             b'%' => out.extend_from_slice(b"%25"),
@@ -387,6 +396,11 @@ mod tests {
         assert_eq!(&keys.lock[..], b"{lock:caf\xc3\xa9:1}");
         assert_eq!(&**keys.display(), "café:1");
         assert_eq!(&**LockKeys::new("n", b"\xff").display(), "\\xff");
+        // Escaped names (the escaping path) lay out the same way.
+        let escaped = LockKeys::new("a:b%", b"{x}:y");
+        assert_eq!(&escaped.lock[..], b"{a%3Ab%25:%7Bx%7D:y}");
+        assert_eq!(&escaped.since[..], b"{a%3Ab%25:%7Bx%7D:y}:since");
+        assert_eq!(&**escaped.display(), "{x}:y");
     }
 
     #[test]

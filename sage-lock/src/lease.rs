@@ -10,6 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::key::LockKeys;
+
 tokio::task_local! {
     static CURRENT_LEASE: Lease;
 }
@@ -52,7 +54,8 @@ pub struct Lease {
 struct LeaseState {
     /// The drift margin subtracted from the lease.
     margin: Duration,
-    key: Arc<str>,
+    /// The lock's server names; the key's text is made only when asked for.
+    keys: Arc<LockKeys>,
     namespace: Arc<str>,
     fencing_token: u64,
     acquired_at: Instant,
@@ -62,7 +65,7 @@ struct LeaseState {
 
 impl Lease {
     pub(crate) fn new(
-        key: Arc<str>,
+        keys: Arc<LockKeys>,
         namespace: Arc<str>,
         fencing_token: u64,
         acquired_at: Instant,
@@ -72,7 +75,7 @@ impl Lease {
         let lease = Lease {
             state: Arc::new(LeaseState {
                 margin,
-                key,
+                keys,
                 namespace,
                 fencing_token,
                 acquired_at,
@@ -95,7 +98,7 @@ impl Lease {
     /// The lock key, as text (non-UTF-8 bytes escaped).
     #[must_use]
     pub fn key(&self) -> &str {
-        &self.state.key
+        self.state.keys.display()
     }
 
     /// The lock's namespace.
@@ -185,7 +188,7 @@ mod tests {
         assert!(current_lease().is_none());
         let now = Instant::now();
         let lease = Lease::new(
-            "k".into(),
+            Arc::new(LockKeys::new("ns", b"k")),
             "ns".into(),
             7,
             now,
@@ -197,6 +200,7 @@ mod tests {
         })
         .await;
         assert_eq!(seen, Some((7, true)));
+        assert_eq!(current_lease().map(|l| l.key().to_owned()), None);
         assert!(current_lease().is_none());
     }
 
@@ -204,7 +208,7 @@ mod tests {
     fn extend_never_moves_backwards() {
         let now = Instant::now();
         let lease = Lease::new(
-            "k".into(),
+            Arc::new(LockKeys::new("ns", b"k")),
             "ns".into(),
             1,
             now,

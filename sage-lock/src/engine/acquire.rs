@@ -69,7 +69,7 @@ pub(crate) async fn acquire(
         metrics: Arc::clone(&settings.metrics),
         token: token.clone(),
         lease: Lease::new(
-            Arc::clone(keys.display()),
+            Arc::clone(keys),
             Arc::clone(namespace),
             0,
             std::time::Instant::now(),
@@ -204,7 +204,7 @@ async fn acquire_loop(
     engine: &Engine,
     rules: &Arc<dyn Rules>,
     settings: &LockSettings,
-    keys: &LockKeys,
+    keys: &Arc<LockKeys>,
     mode: Mode,
     deadline: Instant,
     held: &mut Held,
@@ -309,7 +309,7 @@ async fn acquire_loop(
                     continue;
                 }
                 let lease = Lease::new(
-                    Arc::clone(keys.display()),
+                    Arc::clone(keys),
                     Arc::clone(namespace),
                     fence,
                     sent,

@@ -16,7 +16,7 @@ pub(super) fn handed_off(
     grant: Grant,
     queued_at: std::time::Instant,
     settings: &LockSettings,
-    keys: &LockKeys,
+    keys: &Arc<LockKeys>,
 ) -> Option<Lease> {
     // The server set the hand-off lease no earlier than this process's own release was sent,
     // nor than this waiter's last busy attempt.
@@ -33,7 +33,7 @@ pub(super) fn handed_off(
     }
     // Held from now on, as far as the minimum hold and `held_for` are concerned.
     Some(Lease::new(
-        Arc::clone(keys.display()),
+        Arc::clone(keys),
         Arc::clone(&settings.namespace),
         grant.fence,
         now,
