@@ -52,6 +52,34 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs `cycle` on one task per entry of `states` (each with its own state) until `window`
+/// ends; returns the cycles completed.
+async fn count_cycles<S, F, Fut>(states: Vec<S>, window: Duration, cycle: F) -> anyhow::Result<u64>
+where
+    S: Send + Sync + 'static,
+    F: Fn(Arc<S>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = anyhow::Result<()>> + Send,
+{
+    let cycle = Arc::new(cycle);
+    let count = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + window;
+    let mut handles = Vec::new();
+    for state in states {
+        let (cycle, count, state) = (cycle.clone(), count.clone(), Arc::new(state));
+        handles.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                cycle(Arc::clone(&state)).await?;
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for handle in handles {
+        handle.await??;
+    }
+    Ok(count.load(Ordering::Relaxed))
+}
+
 /// Two `EVALSHA` round trips per cycle (a one-call script each): fred's own cost for a cycle.
 async fn fred_cycles(
     fred: &Client,
@@ -65,13 +93,8 @@ async fn fred_cycles(
     let del: String = fred
         .script_load("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0")
         .await?;
-    let (set, del) = (Arc::new(set), Arc::new(del));
-    let count = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + window;
-    let mut handles = Vec::new();
-    for task in 0..tasks {
-        let (fred, set, del, count) = (fred.clone(), set.clone(), del.clone(), count.clone());
-        handles.push(tokio::spawn(async move {
+    let states = (0..tasks)
+        .map(|task| {
             let key = format!("{{cycle:fred:{task}}}");
             let keys: Vec<String> = if wide {
                 ["", ":fence", ":queue", ":waiters", ":since"]
@@ -79,98 +102,67 @@ async fn fred_cycles(
                     .map(|s| format!("{key}{s}"))
                     .collect()
             } else {
-                vec![key.clone()]
+                vec![key]
             };
             let args: Vec<&str> = if wide {
                 vec!["0123456789abcdef0123456789abcdef", "10000", "2000"]
             } else {
                 vec!["t"]
             };
-            while Instant::now() < deadline {
-                let _: fred::types::Value = fred.evalsha(&*set, keys.clone(), args.clone()).await?;
-                let _: fred::types::Value = fred.evalsha(&*del, keys.clone(), args.clone()).await?;
-                count.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok::<_, anyhow::Error>(())
-        }));
-    }
-    for handle in handles {
-        handle.await??;
-    }
-    Ok(count.load(Ordering::Relaxed))
+            (fred.clone(), set.clone(), del.clone(), keys, args)
+        })
+        .collect();
+    count_cycles(states, window, |state| async move {
+        let (fred, set, del, keys, args) = &*state;
+        let _: fred::types::Value = fred.evalsha(set, keys.clone(), args.clone()).await?;
+        let _: fred::types::Value = fred.evalsha(del, keys.clone(), args.clone()).await?;
+        Ok(())
+    })
+    .await
 }
 
 /// sage-lock's two uncontended commands on bare fred.
 async fn floor_cycles(fred: &Client, tasks: usize, window: Duration) -> anyhow::Result<u64> {
     let floor = Arc::new(Floor::prepare(fred, tasks).await?);
-    let count = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + window;
-    let mut handles = Vec::new();
-    for task in 0..tasks {
-        let (floor, count) = (floor.clone(), count.clone());
-        handles.push(tokio::spawn(async move {
-            while Instant::now() < deadline {
-                floor.sage_commands(task).await?;
-                count.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok::<_, anyhow::Error>(())
-        }));
-    }
-    for handle in handles {
-        handle.await??;
-    }
-    Ok(count.load(Ordering::Relaxed))
+    let states = (0..tasks).map(|task| (Arc::clone(&floor), task)).collect();
+    count_cycles(states, window, |state| async move {
+        let (floor, task) = &*state;
+        floor.sage_commands(*task).await
+    })
+    .await
 }
 
 /// rslock's `lock` + `unlock` (its own redis-rs connection): the peer's cost for a cycle.
 async fn rslock_cycles(url: &str, tasks: usize, window: Duration) -> anyhow::Result<u64> {
     let manager = rslock::LockManager::new(vec![url.to_owned()]);
-    let count = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + window;
-    let mut handles = Vec::new();
-    for task in 0..tasks {
-        let (manager, count) = (manager.clone(), count.clone());
-        handles.push(tokio::spawn(async move {
-            let key = format!("cycle:rslock:{task}").into_bytes();
-            while Instant::now() < deadline {
-                let lock = manager
-                    .lock(key.as_slice(), Duration::from_secs(10))
-                    .await
-                    .map_err(|error| anyhow::anyhow!("rslock: {error}"))?;
-                manager.unlock(&lock).await;
-                count.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok::<_, anyhow::Error>(())
-        }));
-    }
-    for handle in handles {
-        handle.await??;
-    }
-    Ok(count.load(Ordering::Relaxed))
+    let states = (0..tasks)
+        .map(|task| (manager.clone(), format!("cycle:rslock:{task}").into_bytes()))
+        .collect();
+    count_cycles(states, window, |state| async move {
+        let (manager, key) = &*state;
+        let lock = manager
+            .lock(key.as_slice(), Duration::from_secs(10))
+            .await
+            .map_err(|error| anyhow::anyhow!("rslock: {error}"))?;
+        manager.unlock(&lock).await;
+        Ok(())
+    })
+    .await
 }
 
 async fn sage_cycles(client: &LockClient, tasks: usize, window: Duration) -> anyhow::Result<u64> {
     let locks = client.lock_with::<str>(LockOptions::new().lease(Duration::from_secs(10)))?;
-    let count = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + window;
-    let mut handles = Vec::new();
-    for task in 0..tasks {
-        let (locks, count) = (locks.clone(), count.clone());
-        handles.push(tokio::spawn(async move {
-            let key = format!("cycle:sage:{task}");
-            while Instant::now() < deadline {
-                locks
-                    .with_lock(key.as_str(), Duration::from_secs(10), async {})
-                    .await?;
-                count.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok::<_, anyhow::Error>(())
-        }));
-    }
-    for handle in handles {
-        handle.await??;
-    }
-    Ok(count.load(Ordering::Relaxed))
+    let states = (0..tasks)
+        .map(|task| (locks.clone(), format!("cycle:sage:{task}")))
+        .collect();
+    count_cycles(states, window, |state| async move {
+        let (locks, key) = &*state;
+        locks
+            .with_lock(key.as_str(), Duration::from_secs(10), async {})
+            .await?;
+        Ok(())
+    })
+    .await
 }
 
 /// This process's CPU time (user + system), in seconds.
