@@ -214,12 +214,11 @@ impl LockKeys {
         all.push(b'}');
         let lock_len = all.len();
         let slot = fred::util::redis_keyslot(&all);
-        let mut ranges = [(0, 0); 4];
-        for (index, (range, suffix)) in ranges.iter_mut().zip(NAMED_SUFFIXES).enumerate() {
-            let start = if index == 0 { 0 } else { all.len() };
-            if index > 0 {
-                all.extend_from_within(..lock_len);
-            }
+        all.extend_from_slice(NAMED_SUFFIXES[0]);
+        let mut ranges = [(0, all.len()); 4];
+        for (range, suffix) in ranges.iter_mut().zip(NAMED_SUFFIXES).skip(1) {
+            let start = all.len();
+            all.extend_from_within(..lock_len);
             all.extend_from_slice(suffix);
             *range = (start, all.len());
         }
