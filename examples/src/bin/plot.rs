@@ -89,10 +89,7 @@ fn write(path: &std::path::Path, svg: &str) -> anyhow::Result<()> {
 }
 
 fn read_uncontended(dir: &std::path::Path, server: &'static str) -> anyhow::Result<Uncontended> {
-    let path = dir.join(format!("bench-{server}.json"));
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("reading {} (run `bench --both` first)", path.display()))?;
-    let document: Value = serde_json::from_str(&text)?;
+    let (path, document) = load(dir, server)?;
     let details = &document["details"];
     let number = |value: &Value, what: &str| {
         value
@@ -123,14 +120,9 @@ fn read_uncontended(dir: &std::path::Path, server: &'static str) -> anyhow::Resu
 fn uncontended_svg(runs: &[Uncontended]) -> String {
     let (width, row_height) = (900.0, 150.0);
     let height = 50.0 + row_height * to_f64(runs.len());
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = write!(
-        s,
-        r#"<rect width="100%" height="100%" fill="white"/><text x="10" y="20" font-size="14" font-weight="bold">Uncontended lock+unlock: each library, and its two commands sent with bare fred</text>"#
+    let mut s = header(
+        (width, height),
+        "Uncontended lock+unlock: each library, and its two commands sent with bare fred",
     );
     for (row, run) in runs.iter().enumerate() {
         let top = 45.0 + row_height * to_f64(row);
@@ -192,11 +184,18 @@ fn hbars(
     );
 }
 
-fn read(dir: &std::path::Path, server: &'static str) -> anyhow::Result<Run> {
+/// The JSON file `bench --both` wrote for `server` in `dir`, and its path.
+fn load(dir: &std::path::Path, server: &str) -> anyhow::Result<(PathBuf, Value)> {
     let path = dir.join(format!("bench-{server}.json"));
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("reading {} (run `bench --both` first)", path.display()))?;
-    let document: Value = serde_json::from_str(&text)?;
+    let document =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    Ok((path, document))
+}
+
+fn read(dir: &std::path::Path, server: &'static str) -> anyhow::Result<Run> {
+    let (path, document) = load(dir, server)?;
     let contention = &document["details"]["multi_process_contention"];
     let shape = |shape: &str, subject: &str| &contention[shape][subject];
     let sections = |subject: &str| -> anyhow::Result<Vec<f64>> {
@@ -224,14 +223,9 @@ fn read(dir: &std::path::Path, server: &'static str) -> anyhow::Result<Run> {
 fn svg(runs: &[Run]) -> String {
     let (width, row_height) = (820.0, 230.0);
     let height = 60.0 + row_height * to_f64(runs.len());
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = write!(
-        s,
-        r#"<rect width="100%" height="100%" fill="white"/><text x="10" y="20" font-size="14" font-weight="bold">One key, 1 ms sections, worker processes started together</text>"#
+    let mut s = header(
+        (width, height),
+        "One key, 1 ms sections, worker processes started together",
     );
     legend(&mut s, 10.0, 38.0);
     for (row, run) in runs.iter().enumerate() {
@@ -277,6 +271,20 @@ fn svg(runs: &[Run]) -> String {
         );
     }
     s.push_str("</svg>\n");
+    s
+}
+
+/// An SVG document's opening: its size, a white background and `title`.
+fn header((width, height): (f64, f64), title: &str) -> String {
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = write!(
+        s,
+        r#"<rect width="100%" height="100%" fill="white"/><text x="10" y="20" font-size="14" font-weight="bold">{title}</text>"#
+    );
     s
 }
 
