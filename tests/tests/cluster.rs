@@ -302,3 +302,71 @@ async fn renewal_batches_by_node_and_survives_a_slot_move() {
         );
     }
 }
+
+/// A renewal that the client's routing still sends to the slot's former primary (demoted by a
+/// failover that happened before the lock was granted) reaches a replica, which answers
+/// `READONLY` (or `ROLE` says replica). That node did not grant the lock, and the node that did
+/// is still the slot's primary: the lock is kept (routing refreshed, the renewal retried), not
+/// reported lost. Found by the chaos suite (cluster, Valkey, seed 1242, 300 ms lease: a
+/// `LockLost(RoleChanged)` reading "the server answered READONLY" with no fault near it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_routing_to_a_replica_does_not_lose_the_lock() {
+    for kind in ServerKind::ALL {
+        let cluster = Cluster::start(kind);
+        let client = LockClient::connect(&cluster.url()).await.expect("connect");
+        let lease = Duration::from_millis(600);
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("stale-route").lease(lease))
+            .expect("opts");
+        // Two dedicated connections in the pool, both routing by the cluster as it is now.
+        let warm = |key: &'static str| {
+            let locks = locks.clone();
+            async move {
+                locks
+                    .with_lock(key, Duration::from_secs(5), async {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    })
+                    .await
+            }
+        };
+        let (a, b) = tokio::join!(warm("warm-a"), warm("warm-b"));
+        a.and(b).expect("warm-up locks");
+        let slot = harness::key_slot(&LockClient::server_key("stale-route", "k"));
+        let old = cluster.primary_for_slot(slot).port();
+        let new = cluster.replica_of(old).port();
+        tokio::task::block_in_place(|| {
+            cluster
+                .node(new)
+                .expect("replica node")
+                .cmd_ok(&["CLUSTER", "FAILOVER"]);
+            cluster
+                .wait_for_failover(old, Duration::from_secs(20))
+                .expect("failover");
+        });
+        // Granted by the new primary; the connection that took the grant learned the new
+        // routing (MOVED) and is kept busy below, so renewals take the one that did not.
+        let result = locks
+            .with_lock("k", Duration::from_secs(10), async {
+                let busy = client.dedicated_connection(Duration::from_secs(5)).await;
+                tokio::time::sleep(lease * 4).await;
+                drop(busy);
+                sage_lock::current_lease().is_some_and(|lease| lease.is_valid())
+            })
+            .await;
+        let primary_now = cluster.primary_for_slot(slot).port();
+        assert_eq!(
+            primary_now,
+            new,
+            "{}: the granting primary must still be the slot's primary",
+            kind.name()
+        );
+        match result {
+            Ok(true) => {}
+            other => panic!(
+                "{}: a lock granted by the slot's primary {new} was not kept while a stale route \
+                 pointed at the demoted {old}: {other:?}",
+                kind.name()
+            ),
+        }
+    }
+}

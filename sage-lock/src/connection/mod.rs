@@ -18,7 +18,7 @@ use crate::observe::Stats;
 use crate::pool::{DedicatedPool, Link, PoolError, close_in_background};
 use crate::redirect;
 use crate::replicas::ReplicaHints;
-use crate::retry::deadline_after;
+use crate::retry::{deadline_after, is_readonly};
 use crate::scripts::{ScriptCall, is_noscript};
 use crate::sentinel::SentinelSeed;
 use crate::topology::{Checked, Deployment, run_checked};
@@ -230,11 +230,21 @@ impl Connection {
             return match tokio::time::timeout_at(limit, checked).await {
                 Ok(result) => {
                     let node = serving_node(&self.fred, call.slot);
-                    let judged = judge(result?, &self.fred, node, granted_by);
-                    if matches!(judged.1, Ack::NotPrimary(_)) {
+                    let judged = result
+                        .map_err(|error| {
+                            OpError::Failed(not_the_granter(error, node.as_ref(), granted_by))
+                        })
+                        .and_then(|checked| judge(checked, &self.fred, node, granted_by));
+                    // The shared connection reached a node that is not the primary (any more).
+                    let reconnect = match &judged {
+                        Ok((_, ack, _)) => matches!(ack, Ack::NotPrimary(_)),
+                        Err(OpError::Failed(error)) => is_stale_route(error),
+                        Err(OpError::PoolExhausted) => false,
+                    };
+                    if reconnect {
                         self.reconnect_shared();
                     }
-                    Ok(judged)
+                    judged
                 }
                 Err(_) => Err(OpError::Failed(timeout_error())),
             };
@@ -280,16 +290,17 @@ impl Connection {
                 let loan = in_flight.settle();
                 let node = serving_node(&conn, call.slot);
                 let judged = judge(checked, &conn, node, granted_by);
-                if judged.1 == Ack::Confirmed {
+                if matches!(judged, Ok((_, Ack::Confirmed, _))) {
                     if let Some(loan) = loan {
                         self.pool.put_back(loan);
                     }
                 } else {
-                    // A failover may be under way: let every dedicated connection reconnect.
+                    // A failover may be under way (or this connection's routing is out of
+                    // date): let every dedicated connection reconnect.
                     drop(loan);
                     self.forget_topology();
                 }
-                Ok(judged)
+                judged
             }
             failed => {
                 // The connection may still be blocked in WAIT or broken: never reuse it, and
@@ -297,7 +308,9 @@ impl Connection {
                 in_flight.fail().await;
                 self.forget_topology();
                 Err(OpError::Failed(match failed {
-                    Ok(Err(error)) => error,
+                    Ok(Err(error)) => {
+                        not_the_granter(error, serving_node(&conn, call.slot).as_ref(), granted_by)
+                    }
                     _ => timeout_error(),
                 }))
             }
@@ -355,15 +368,62 @@ fn role_change(
     ))
 }
 
+/// Whether `node` answered for a lock that another node, `granted_by`, granted. When `node` is
+/// a replica, that says nothing about the lock: the route to the slot was out of date.
+fn answered_for_another<'a>(
+    node: Option<&'a Server>,
+    granted_by: Option<&'a Server>,
+) -> Option<(&'a Server, &'a Server)> {
+    match (node, granted_by) {
+        (Some(node), Some(granter)) if node != granter => Some((node, granter)),
+        _ => None,
+    }
+}
+
+/// What every [`stale_route`] error says.
+const STALE_ROUTE: &str = "the route to its slot was out of date";
+
+/// The transient error of a call that reached a replica which did not grant the lock (a route
+/// out of date: the caller retries on a fresh one).
+fn stale_route(node: &Server, granter: &Server, said: &str) -> Error {
+    Error::new(
+        fred::error::ErrorKind::Routing,
+        format!(
+            "{}:{} {said}, but {}:{} granted the lock: {STALE_ROUTE}; retrying on a fresh one",
+            node.host, node.port, granter.host, granter.port
+        ),
+    )
+}
+
+fn is_stale_route(error: &Error) -> bool {
+    *error.kind() == fred::error::ErrorKind::Routing && error.details().contains(STALE_ROUTE)
+}
+
+/// A `READONLY` refusal from a node that did not grant the lock becomes [`stale_route`]: only
+/// the granting node's refusal says it lost its role. Other errors pass unchanged.
+fn not_the_granter(error: Error, node: Option<&Server>, granted_by: Option<&Server>) -> Error {
+    match answered_for_another(node, granted_by) {
+        Some((node, granter)) if is_readonly(&error) => {
+            stale_route(node, granter, "refused the write as a replica")
+        }
+        _ => error,
+    }
+}
+
 /// Turns the replica checks into an [`Ack`]; `node` answered, `granted_by` granted the lock.
+/// A replica that did not grant the lock answering is a [`stale_route`] error.
 fn judge(
     checked: Checked,
     conn: &Client,
     node: Option<Server>,
     granted_by: Option<&Server>,
-) -> (Value, Ack, Option<Server>) {
+) -> Result<(Value, Ack, Option<Server>), OpError> {
     let moved = role_change(conn, node.as_ref(), granted_by);
     let ack = if !checked.role.is_primary() {
+        if let Some((node, granter)) = answered_for_another(node.as_ref(), granted_by) {
+            let said = format!("answered ROLE {}", checked.role.name);
+            return Err(OpError::Failed(stale_route(node, granter, &said)));
+        }
         Ack::NotPrimary(format!("ROLE reports {}", checked.role.name))
     } else if let Some(moved) = moved {
         Ack::NotPrimary(moved)
@@ -376,7 +436,7 @@ fn judge(
             _ => Ack::Confirmed,
         }
     };
-    (checked.reply, ack, node)
+    Ok((checked.reply, ack, node))
 }
 
 /// `EVALSHA` on `fred`, `EVAL` after `NOSCRIPT`; after `MOVED` (the script did not run) again
@@ -416,4 +476,41 @@ pub(crate) const DEADLINE_REACHED: &str = "no reply before the deadline";
 
 fn timeout_error() -> Error {
     Error::new(fred::error::ErrorKind::Timeout, DEADLINE_REACHED)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::retry::{Failure, classify};
+
+    /// Only the granting node refusing a write as a replica says the lock's primary lost its
+    /// role; another node refusing it means the route was out of date (retried, transient).
+    #[test]
+    fn only_the_granters_refusal_is_a_role_change() {
+        let (granter, other) = (
+            Server::new("127.0.0.1", 7000),
+            Server::new("127.0.0.1", 7001),
+        );
+        let readonly = || {
+            Error::new(
+                fred::error::ErrorKind::Unknown,
+                "READONLY You can't write against a read only replica.",
+            )
+        };
+        let stale = not_the_granter(readonly(), Some(&other), Some(&granter));
+        assert!(is_stale_route(&stale) && !is_readonly(&stale), "{stale}");
+        assert_eq!(classify(&stale), Failure::Transient);
+        assert!(stale.details().contains("127.0.0.1:7001") && stale.details().contains(":7000"));
+        for (node, granted_by) in [
+            (Some(&granter), Some(&granter)),
+            (None, Some(&granter)),
+            (Some(&other), None),
+        ] {
+            let kept = not_the_granter(readonly(), node, granted_by);
+            assert!(is_readonly(&kept) && !is_stale_route(&kept), "{kept}");
+        }
+        let other_error = Error::new(fred::error::ErrorKind::Unknown, "WRONGTYPE Operation");
+        let passed = not_the_granter(other_error, Some(&other), Some(&granter));
+        assert!(!is_stale_route(&passed) && passed.details().starts_with("WRONGTYPE"));
+    }
 }
