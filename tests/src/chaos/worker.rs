@@ -139,6 +139,9 @@ async fn probe(locks: &Locks<str>, history: &History, slot: u32, lease: Duration
     let key = format!("probe-{slot}");
     let result = locks.with_lock(key.as_str(), lease * 2, async {}).await;
     let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    if let Err(e) = &result {
+        eprintln!("{} probe: {e}", super::clock::now_ns());
+    }
     history.record(
         PROCESS,
         Event::Probe {
@@ -190,22 +193,23 @@ impl TaskCtx {
             },
         );
         let body = self.body(key, hold);
-        let event = if try_lock {
-            match self.locks.try_with_lock(key, body).await {
-                Ok(Some(())) => Event::Released {
-                    key: key.to_owned(),
-                },
-                Ok(None) => Event::Busy {
-                    key: key.to_owned(),
-                },
-                Err(e) => error_event(key, &e),
-            }
+        let result = if try_lock {
+            self.locks.try_with_lock(key, body).await
         } else {
-            match self.locks.with_lock(key, wait, body).await {
-                Ok(()) => Event::Released {
-                    key: key.to_owned(),
-                },
-                Err(e) => error_event(key, &e),
+            self.locks.with_lock(key, wait, body).await.map(Some)
+        };
+        let event = match result {
+            Ok(Some(())) => Event::Released {
+                key: key.to_owned(),
+            },
+            Ok(None) => Event::Busy {
+                key: key.to_owned(),
+            },
+            Err(e) => {
+                // The whole message (the history keeps only its kind), for whoever reads a
+                // failed run: `<monotonic ns> task <n>: <error>` in the worker's stderr file.
+                eprintln!("{} task {}: {e}", super::clock::now_ns(), self.task);
+                error_event(key, &e)
             }
         };
         self.history.record(self.task, event);
