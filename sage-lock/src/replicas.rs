@@ -36,6 +36,12 @@
 //! configuration still named the old one). The count was back to 1; grants acknowledged by that
 //! newcomer were dropped when it resynced from the new primary a fraction of a second later.
 //!
+//! A `ROLE` counts only for the node that answered it: in a cluster, a round whose routing
+//! changed while it was in flight, or whose `ROLE` lists the node it was meant for as a replica,
+//! is not recorded and runs again (see [`crate::topology`]). Recorded under the wrong node, the
+//! other node's replica list made the right one seem to have lost a replica, and its writes
+//! needed one more acknowledgement than it could get for [`REPLICA_LOSS_HOLD`].
+//!
 //! The floor is learned, per client, from what it has observed (an idle client keeps its floor:
 //! the hold runs only from the first `ROLE` showing the smaller count). A client that has seen no
 //! `ROLE` yet (a new process, possibly arriving inside such a window) starts, through Sentinel,
@@ -174,7 +180,7 @@ impl ReplicaHints {
             return replicas.max(1);
         }
         let hint = map
-            .entry(node)
+            .entry(node.clone())
             .or_insert_with(|| NodeHint::new(replicas, replicas));
         hint.last = replicas;
         hint.observe_members(listed, now);
@@ -189,7 +195,18 @@ impl ReplicaHints {
                 hint.shrunk_since = None;
             }
         }
-        with_missing.max(hint.floor).max(1)
+        let required = with_missing.max(hint.floor).max(1);
+        if required > replicas {
+            tracing::debug!(
+                node = ?node.as_ref().map(|node| format!("{}:{}", node.host, node.port)),
+                ?listed,
+                missing = ?hint.missing.keys().collect::<Vec<_>>(),
+                floor = hint.floor,
+                required,
+                "more replicas must acknowledge than the primary lists"
+            );
+        }
+        required
     }
 
     /// Raises `node`'s floor to `replicas` (what Sentinel knows of, for a client that has seen no

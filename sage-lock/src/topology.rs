@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use fred::clients::Client;
 use fred::error::{Error, ErrorKind};
-use fred::interfaces::ClientLike;
+use fred::interfaces::{ClientLike, ClusterInterface};
 use fred::types::config::{Server, ServerConfig};
 use fred::types::{ClusterHash, CustomCommand, Value};
 
@@ -58,6 +58,17 @@ pub(crate) struct Role {
 impl Role {
     pub(crate) fn is_primary(&self) -> bool {
         self.name == "master" || self.name == "primary"
+    }
+
+    /// Whether this `ROLE` lists `node` as a replica (then `node` did not answer it).
+    fn lists(&self, node: Option<&Server>) -> bool {
+        node.is_some_and(|node| {
+            self.replicas.iter().any(|id| {
+                id.rsplit_once(':').is_some_and(|(host, port)| {
+                    host == &*node.host && port.parse() == Ok(node.port)
+                })
+            })
+        })
     }
 }
 
@@ -189,6 +200,26 @@ pub(crate) async fn run_checked(
         }
         let mut results = results.into_iter();
         let role = parse_role(next(&mut results)?)?;
+        // Another node answered when fred's routing changed while the pipeline was in flight
+        // (it refreshes it in the background, e.g. after a reconnect), or when the node that
+        // answered lists `node` as its replica: its `ROLE` must not be recorded as `node`'s (a
+        // primary would seem to have lost a replica, and need one more acknowledgement than it
+        // can get for `REPLICA_LOSS_HOLD`). The round runs again, on fresh routing (the lock
+        // scripts are idempotent for their token).
+        if role.lists(node.as_ref()) || primary_of(conn, slot) != node {
+            redirections += 1;
+            if redirections > MAX_REDIRECTIONS {
+                return Err(Error::new(
+                    ErrorKind::Routing,
+                    "the cluster's routing kept changing while calls were in flight",
+                ));
+            }
+            if conn.is_clustered() {
+                let _ = conn.sync_cluster().await;
+            }
+            rounds -= 1;
+            continue;
+        }
         let reply = match next(&mut results) {
             Err(error) if is_noscript(&error) && !use_source => {
                 use_source = true;
@@ -242,6 +273,19 @@ fn next(results: &mut impl Iterator<Item = Result<Value, Error>>) -> Result<Valu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A primary's `ROLE` that lists `node` as a replica was not `node`'s own answer.
+    #[test]
+    fn a_role_listing_the_node_is_not_the_nodes() {
+        let role = Role {
+            name: "master".into(),
+            replicas: vec!["127.0.0.1:7001".into(), "#1".into()],
+        };
+        assert!(role.lists(Some(&Server::new("127.0.0.1", 7001))));
+        assert!(!role.lists(Some(&Server::new("127.0.0.1", 7000))));
+        assert!(!role.lists(Some(&Server::new("127.0.0.2", 7001))));
+        assert!(!role.lists(None));
+    }
 
     #[test]
     fn role_parsing() {
