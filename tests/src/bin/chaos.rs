@@ -122,6 +122,15 @@ fn run_worker(args: &[String]) -> Result<(), String> {
         seed: number(&map, "seed")?,
         slot: number(&map, "slot")?,
     };
+    // `RUST_LOG` (e.g. `sage_lock=debug`), inherited from the coordinator, logs to the worker's
+    // stderr file.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .init();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -10,7 +10,8 @@
 //!   after the grant, done before the release), so a recorded overlap is a real one.
 //! - Fencing tokens: no token is granted twice for one key, except after a data-losing fault.
 //! - Loss reports: every `LockLost` must come within lease/3 + the detection bound of a cause:
-//!   the end of a pause of its process (bound 0), or a server or network fault (bound: the
+//!   the end of a pause of its process (bound 0; a loss recorded during the pause counts, as the
+//!   process records it the moment it resumes), or a server or network fault (bound: the
 //!   fault's duration plus one lease, the longest a usable lease can outlive its last renewal),
 //!   plus [`SCHED_SLACK`] for a shared machine. Others are late loss reports.
 //! - Recovery: every worker's probe after the quiet period acquired within 2 × lease.
@@ -276,9 +277,11 @@ fn check_losses(
                 continue;
             }
             let t = r.at;
+            // The pause's end is recorded once `SIGCONT` was sent: the resumed process may
+            // record its loss a moment before that.
             let after_pause = pauses[p]
                 .iter()
-                .any(|&(_, end)| end <= t && t - end <= slack);
+                .any(|&(start, end)| start <= t && t <= end + slack);
             let after_fault = faults.iter().any(|f| {
                 f.kind.class() != Class::Process
                     && f.start <= t
@@ -348,6 +351,46 @@ fn check_probes(histories: &[ProcessHistory], lease_ns: u64, report: &mut Report
             None => report
                 .violations
                 .push(format!("{}: no recovery probe recorded", history.name)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn lost_at(at: u64) -> ProcessHistory {
+        ProcessHistory {
+            name: "w0g0".into(),
+            records: vec![Record {
+                at,
+                task: 1,
+                event: Event::Error {
+                    key: "hot-0".into(),
+                    kind: "lock_lost:renewal_failed".into(),
+                },
+            }],
+            killed_at: None,
+        }
+    }
+
+    /// A loss its process records on resuming from a pause is explained by the pause, also a
+    /// moment before the nemesis records the pause's end; one long after it is late.
+    #[test]
+    fn a_loss_at_the_end_of_a_pause_is_explained() {
+        let lease = 300 * MS;
+        let pause = vec![vec![(10_000 * MS, 10_700 * MS)]];
+        for (at, late) in [
+            (10_699 * MS, false),
+            (10_800 * MS, false),
+            (9_000 * MS, true),
+            (12_000 * MS, true),
+        ] {
+            let mut report = Report::default();
+            check_losses(&[lost_at(at)], &pause, &[], lease, &mut report);
+            assert_eq!(report.late_losses.len(), usize::from(late), "{at}");
         }
     }
 }
