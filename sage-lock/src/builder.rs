@@ -23,6 +23,9 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 16;
 /// Default time allowed for the initial connection; change it with
 /// [`LockClientBuilder::connect_timeout`] (see [`LockClientBuilder`]'s example).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default most leases renewed by one script call; change it with
+/// [`LockClientBuilder::renewal_batch_limit`].
+pub const DEFAULT_RENEWAL_BATCH_LIMIT: usize = 256;
 impl LockClient {
     /// Connects to the deployment `url` names (fred's URL syntax):
     ///
@@ -80,6 +83,7 @@ impl LockClient {
                 deployment,
                 DEFAULT_MAX_CONNECTIONS,
                 settings.command_timeout,
+                settings.renewal_batch_limit,
             );
         };
         let task = tokio::runtime::Handle::try_current()
@@ -91,6 +95,7 @@ impl LockClient {
             deployment,
             DEFAULT_MAX_CONNECTIONS,
             settings.command_timeout,
+            settings.renewal_batch_limit,
         )
     }
 }
@@ -118,6 +123,7 @@ pub struct LockClientBuilder {
     command_timeout: Duration,
     connect_timeout: Duration,
     reconnect: ReconnectPolicy,
+    renewal_batch_limit: usize,
     /// CA certificates and client certificate from `tls_ca_*` / `tls_client_cert_*`.
     tls: tls::TlsSettings,
     /// The redacted URL when `url` named a plaintext scheme (TLS settings then contradict it).
@@ -145,6 +151,7 @@ impl fmt::Debug for LockClientBuilder {
             .field("max_connections", &self.max_connections)
             .field("command_timeout", &self.command_timeout)
             .field("connect_timeout", &self.connect_timeout)
+            .field("renewal_batch_limit", &self.renewal_batch_limit)
             .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
@@ -159,6 +166,7 @@ impl Default for LockClientBuilder {
             command_timeout: Duration::from_secs(5),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             reconnect: ReconnectPolicy::new_exponential(0, 20, 1_000, 2),
+            renewal_batch_limit: DEFAULT_RENEWAL_BATCH_LIMIT,
             tls: tls::TlsSettings::default(),
             plaintext_url: None,
         }
@@ -329,6 +337,21 @@ impl LockClientBuilder {
         self
     }
 
+    /// Most leases one renewal script call renews (default
+    /// [`DEFAULT_RENEWAL_BATCH_LIMIT`], at least 1).
+    ///
+    /// The client renews every lease due at about the same time together, one call per server
+    /// (per node on a cluster), split into calls of at most this many leases. A call holds the
+    /// single-threaded server for about 4 µs per lease (measured on Redis 7 and Valkey 9), so
+    /// the default bounds each call's stall of other clients to about 1 ms. Raise it to renew
+    /// thousands of locks in one call per node and tick, when the server can absorb a longer
+    /// stall (10,000 leases: about 40 ms).
+    #[must_use]
+    pub fn renewal_batch_limit(mut self, leases: usize) -> Self {
+        self.renewal_batch_limit = leases;
+        self
+    }
+
     /// Connects and returns the client.
     ///
     /// # Errors
@@ -353,6 +376,12 @@ impl LockClientBuilder {
             return Err(LockError::invalid(
                 "max_connections",
                 "must be at least 1, got 0",
+            ));
+        }
+        if self.renewal_batch_limit == 0 {
+            return Err(LockError::invalid(
+                "renewal_batch_limit",
+                "must be at least 1 lease per renewal call, got 0",
             ));
         }
         if self.command_timeout.is_zero() || self.connect_timeout.is_zero() {
@@ -401,6 +430,7 @@ impl LockClientBuilder {
             deployment,
             self.max_connections,
             self.command_timeout,
+            self.renewal_batch_limit,
         ))
     }
 }

@@ -55,10 +55,11 @@ impl LockClient {
         deployment: Deployment,
         max_connections: usize,
         command_timeout: Duration,
+        renewal_batch_limit: usize,
     ) -> LockClient {
         let conn = Connection::new(fred, task, deployment, max_connections, command_timeout);
         LockClient {
-            inner: Arc::new(Engine::new(conn)),
+            inner: Arc::new(Engine::new(conn, renewal_batch_limit)),
         }
     }
 

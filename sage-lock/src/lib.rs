@@ -122,7 +122,10 @@ mod tls;
 mod topology;
 mod url;
 
-pub use builder::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_CONNECTIONS, LockClientBuilder};
+pub use builder::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_CONNECTIONS, DEFAULT_RENEWAL_BATCH_LIMIT,
+    LockClientBuilder,
+};
 pub use client::LockClient;
 pub use engine::{RELEASE_TIMEOUT, TRY_LOCK_RETRY_WINDOW};
 pub use error::{LockError, LossReason, TimeoutReason};

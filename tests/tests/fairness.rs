@@ -461,6 +461,51 @@ async fn killed_waiter_does_not_block_the_queue() {
     }
 }
 
+/// A waiter killed while queued holds its place no longer than its own wait: a release after
+/// that wait would have ended goes to the live waiter behind it, not to the dead one (which
+/// would keep the lock for the hand-off lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_waiters_place_ends_with_its_wait() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let ns = ns("dead-short-wait", kind);
+        let holder = connect(&server.url()).await;
+        let (release, held) = hold(&locks(&holder, &ns), "k").await;
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fair_worker"))
+            .args(["wait", &server.url(), &ns, "k", "400"])
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn fair_worker");
+        until_queued(server.port(), &ns, "k", 1).await;
+        child.start_kill().expect("SIGKILL the queued waiter");
+        let _ = child.wait().await;
+        let killed_at = Instant::now();
+        let other = connect(&server.url()).await;
+        let entered = wait_for(&locks(&other, &ns), "k", Duration::from_secs(10));
+        until_queued(server.port(), &ns, "k", 2).await;
+        // Well past the dead waiter's 400 ms wait, well within the 2 s a place lasts at most.
+        tokio::time::sleep(Duration::from_millis(900).saturating_sub(killed_at.elapsed())).await;
+        let released_at = Instant::now();
+        release.send(()).expect("release");
+        held.await.expect("holder");
+        let got = entered.await.expect("the live waiter gets the lock");
+        let waited = got.saturating_duration_since(released_at);
+        println!(
+            "{}: live waiter entered {waited:?} after the release",
+            kind.name()
+        );
+        assert!(
+            waited < Duration::from_millis(700),
+            "{}: the live waiter entered {waited:?} after the release: the dead waiter's place \
+             outlived its wait",
+            kind.name()
+        );
+        other.quit().await;
+        holder.quit().await;
+    }
+}
+
 /// The subscriber connection killed (its notifications lost): the waiter still gets the lock by
 /// polling, and notifications work again after the subscriber reconnects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -250,6 +250,125 @@ async fn many_leases_renew_in_batches() {
     }
 }
 
+/// Holds `held` locks of `lease` in namespace `ns` for `hold` on `client`; returns the number of
+/// renewal script calls the server saw (every `EVALSHA` that was not an acquire or release).
+async fn renewal_calls_for(
+    client: &LockClient,
+    port: u16,
+    ns: &str,
+    held: u64,
+    lease: Duration,
+    hold: Duration,
+) -> (u64, u64) {
+    let before = harness::commandstats_calls(port, "evalsha");
+    let releases_before = harness::commandstats_calls(port, "delifeq");
+    let renewals_before = client.stats().renewals;
+    let locks: Locks<String> = client
+        .lock_with(LockOptions::new().namespace(ns).lease(lease))
+        .expect("opts");
+    let mut tasks = Vec::new();
+    for i in 0..held {
+        let locks = locks.clone();
+        tasks.push(tokio::spawn(async move {
+            locks
+                .with_lock(
+                    &format!("k{i}"),
+                    Duration::from_secs(5),
+                    tokio::time::sleep(hold),
+                )
+                .await
+        }));
+    }
+    for task in tasks {
+        task.await.expect("join").expect("held without loss");
+    }
+    let scripts = harness::commandstats_calls(port, "evalsha") - before;
+    let plain_releases = harness::commandstats_calls(port, "delifeq") - releases_before;
+    let renewals = client.stats().renewals - renewals_before;
+    (scripts - held - (held - plain_releases), renewals)
+}
+
+/// `renewal_batch_limit` sets how many leases one renewal call renews: a low limit splits the
+/// same leases into more calls, a high one renews more than the default 256 per call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_batch_limit_sets_leases_per_call() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let small = LockClient::builder()
+            .url(&server.url())
+            .renewal_batch_limit(16)
+            .connect()
+            .await
+            .expect("connect");
+        let lease = Duration::from_millis(600);
+        let (calls, renewals) = renewal_calls_for(
+            &small,
+            server.port(),
+            "batch-16",
+            96,
+            lease,
+            Duration::from_millis(1300),
+        )
+        .await;
+        println!(
+            "{}: limit 16: {renewals} renewals in {calls} calls",
+            kind.name()
+        );
+        assert!(renewals >= 96 * 3, "{}: {renewals} renewals", kind.name());
+        assert!(
+            calls * 16 >= renewals,
+            "{}: {renewals} renewals in {calls} calls: more than 16 per call",
+            kind.name()
+        );
+        small.quit().await;
+
+        let large = LockClient::builder()
+            .url(&server.url())
+            .renewal_batch_limit(10_000)
+            .connect()
+            .await
+            .expect("connect");
+        let (calls, renewals) = renewal_calls_for(
+            &large,
+            server.port(),
+            "batch-large",
+            1000,
+            Duration::from_secs(3),
+            Duration::from_millis(3600),
+        )
+        .await;
+        println!(
+            "{}: limit 10000: {renewals} renewals in {calls} calls",
+            kind.name()
+        );
+        assert!(renewals >= 1000 * 2, "{}: {renewals} renewals", kind.name());
+        assert!(
+            calls * 256 < renewals,
+            "{}: {renewals} renewals in {calls} calls: no call renewed more than 256",
+            kind.name()
+        );
+        large.quit().await;
+    }
+}
+
+/// A renewal batch limit of 0 is refused with the setting's name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_renewal_batch_limit_is_refused() {
+    let refused = LockClient::builder()
+        .url("redis://127.0.0.1:1")
+        .renewal_batch_limit(0)
+        .connect()
+        .await;
+    let Err(LockError::InvalidArgument {
+        argument: "renewal_batch_limit",
+        message,
+    }) = refused
+    else {
+        panic!("a limit of 0 was accepted: {refused:?}");
+    };
+    assert!(message.contains("at least 1"), "{message}");
+}
+
 /// Runs `primitive_worker` processes (`(mode, rounds)` each) against `url` in `namespace`;
 /// returns each one's `(holds, violations)`.
 async fn run_workers(url: &str, namespace: &str, workers: &[(&str, &str)]) -> Vec<(u64, u64)> {

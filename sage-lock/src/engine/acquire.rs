@@ -264,7 +264,7 @@ async fn acquire_loop(
         // The lease is measured on the real clock (see `crate::lease`).
         let sent = std::time::Instant::now();
         let call = if queued {
-            rules.wait_call(keys, &held.token, lease_duration, WAITER_TTL)
+            rules.wait_call(keys, &held.token, lease_duration, place_ttl(deadline))
         } else {
             rules.acquire_call(keys, &held.token, lease_duration)
         };
@@ -460,6 +460,14 @@ async fn acquire_loop(
     }
 }
 
+/// How long a queued waiter's place lasts after an attempt sent now: [`WAITER_TTL`], or less
+/// when the wait ends sooner (a waiter never needs its place past its own deadline, so one that
+/// dies holds up the queue no longer than it would have waited). At least 1 ms: 0 would mean a
+/// try, which does not queue.
+fn place_ttl(deadline: Instant) -> Duration {
+    remaining(deadline).clamp(Duration::from_millis(1), WAITER_TTL)
+}
+
 /// Takes `token` out of the lock's server-side queue (the release call does that too).
 async fn leave_queue(
     engine: &Engine,
@@ -472,5 +480,24 @@ async fn leave_queue(
     let limit = deadline.min(Instant::now() + super::RELEASE_TIMEOUT);
     if let Err(error) = engine.conn.run_plain(&call, limit).await {
         tracing::debug!(?error, "leaving the waiter queue failed; the place expires");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::{WAITER_TTL, place_ttl};
+
+    #[test]
+    fn a_place_lasts_until_the_wait_ends_at_most() {
+        let now = Instant::now();
+        assert_eq!(place_ttl(now + Duration::from_secs(60)), WAITER_TTL);
+        let short = place_ttl(now + Duration::from_millis(300));
+        assert!(short <= Duration::from_millis(300) && short > Duration::from_millis(250));
+        // A wait that is over still queues (0 would make the attempt a try).
+        assert_eq!(place_ttl(now), Duration::from_millis(1));
     }
 }

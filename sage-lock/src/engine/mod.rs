@@ -40,9 +40,13 @@ pub(crate) use waiters::Waiters;
 pub const TRY_LOCK_RETRY_WINDOW: Duration = Duration::from_secs(1);
 pub use crate::connection::RELEASE_TIMEOUT;
 
-/// How long a waiter keeps its place in a lock's server-side queue without trying again: a
-/// waiter that died (or stalled this long) is skipped after at most this long.
+/// How long a waiter keeps its place in a lock's server-side queue without trying again (or
+/// less: never past the end of its wait): a waiter that died (or stalled this long) is skipped
+/// after at most this long.
 pub(crate) const WAITER_TTL: Duration = Duration::from_secs(2);
+/// How long a lock's queue (its list and deadlines) lasts after the last attempt that queued or
+/// refreshed a place: twice the longest place.
+pub(crate) const QUEUE_TTL: Duration = Duration::from_secs(4);
 /// The lease a release gives the queued waiter it hands the lock to (until that waiter renews it
 /// to its own lease): a waiter that died in the queue keeps the lock at most this long.
 pub(crate) const HANDOFF_LEASE: Duration = WAITER_TTL;
@@ -120,10 +124,11 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    pub(crate) fn new(conn: Connection) -> Self {
+    /// An engine on `conn` whose renewal calls renew at most `renewal_batch_limit` leases each.
+    pub(crate) fn new(conn: Connection, renewal_batch_limit: usize) -> Self {
         let conn = Arc::new(conn);
         Engine {
-            renewer: Renewer::new(Arc::clone(&conn)),
+            renewer: Renewer::new(Arc::clone(&conn), renewal_batch_limit),
             notifier: Notifier::new(conn.fred.clone()),
             conn,
             waiters: Waiters::default(),

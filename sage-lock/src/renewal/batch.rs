@@ -16,9 +16,6 @@ use crate::error::LossReason;
 use crate::retry::{Failure, classify, is_readonly, millis};
 use crate::scripts::Script;
 
-/// Most locks renewed by one script call.
-const MAX_BATCH: usize = 256;
-
 /// The loop shared by both renewal scripts. Needs `lease`, `keys` (the keys, in order) and
 /// `moved` (what a key this node does not serve gets) set first. `ARGV[2i]` is key `i`'s kind:
 /// `o` (the key holds the token `ARGV[2i + 1]`: `PEXPIRE` it) or `m` (the token is a member of
@@ -192,15 +189,16 @@ impl Batch {
         self.deadline = Some(self.deadline.map_or(valid_until, |d| d.min(valid_until)));
     }
 
-    /// Splits into batches of at most [`MAX_BATCH`] locks.
-    pub(super) fn split(self) -> Vec<Batch> {
-        if self.ids.len() <= MAX_BATCH {
+    /// Splits into batches of at most `limit` (at least 1) locks.
+    pub(super) fn split(self, limit: usize) -> Vec<Batch> {
+        let limit = limit.max(1);
+        if self.ids.len() <= limit {
             return vec![self];
         }
         let mut out = Vec::new();
         let (mut ids, mut keys, mut tokens) = (self.ids, self.keys, self.tokens);
         while !ids.is_empty() {
-            let take = ids.len().min(MAX_BATCH);
+            let take = ids.len().min(limit);
             out.push(Batch {
                 slot: self.slot,
                 across_slots: self.across_slots,

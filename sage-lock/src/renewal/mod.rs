@@ -3,7 +3,8 @@
 //! Every client has one [`Renewer`]: a background task that wakes when renewals are due and
 //! renews all leases due at about the same time together, one script call per server (per node
 //! on a cluster, whatever the keys' slots; per slot for a lease whose slot moved while held),
-//! capped at 256 leases per call, with one `ROLE`/`WAIT` check per call. A
+//! capped at a limit of leases per call (256 unless the client's builder says otherwise), with
+//! one `ROLE`/`WAIT` check per call. A
 //! lease is due a third of the way through; leases due within a twentieth of a lease of each
 //! other are renewed in the same call. Registering a lease costs no task and no round trip, so a
 //! body shorter than a third of its lease never causes a renewal.
@@ -88,6 +89,8 @@ pub(crate) struct Renewer {
 
 struct Shared {
     conn: Arc<Connection>,
+    /// Most leases renewed by one call.
+    batch_limit: usize,
     state: Mutex<State>,
     wake: Arc<Notify>,
     task: Mutex<Option<JoinHandle<()>>>,
@@ -126,11 +129,13 @@ impl Drop for Registration {
 }
 
 impl Renewer {
-    /// A scheduler renewing through `conn`; its task starts with the first registration.
-    pub(crate) fn new(conn: Arc<Connection>) -> Self {
+    /// A scheduler renewing through `conn`, at most `batch_limit` (at least 1) leases per call;
+    /// its task starts with the first registration.
+    pub(crate) fn new(conn: Arc<Connection>, batch_limit: usize) -> Self {
         Renewer {
             shared: Arc::new(Shared {
                 conn,
+                batch_limit: batch_limit.max(1),
                 state: Mutex::new(State::default()),
                 wake: Arc::new(Notify::new()),
                 task: Mutex::new(None),
@@ -244,7 +249,11 @@ impl Shared {
                 .or_insert_with(|| Batch::new(&entry.renewal, &place));
             batch.add(id, &entry.renewal);
         }
-        groups.into_values().flat_map(Batch::split).collect()
+        let limit = self.batch_limit;
+        groups
+            .into_values()
+            .flat_map(|batch| batch.split(limit))
+            .collect()
     }
 
     /// When the scheduler should wake next (see [`State::plan_sleep`]).

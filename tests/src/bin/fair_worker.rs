@@ -5,8 +5,8 @@
 //!   turn for `run-ms`, holding it `section-ms` each time; prints one line
 //!   `sections=N timeouts=T p99_wait_us=P max_wait_us=M first_us=F` (F: when this process's
 //!   first section began, after the start).
-//! - `fair_worker wait <url> <namespace> <key>`: prints `waiting`, then waits (up to 60 s) for
-//!   the lock and prints `acquired` when it gets it (tests SIGKILL it while it is queued).
+//! - `fair_worker wait <url> <namespace> <key> [<wait-ms>]`: prints `waiting`, then waits (up to
+//!   `wait-ms`, default 60 s) for the lock and prints `acquired` when it gets it (tests SIGKILL it while it is queued).
 
 use std::io::Write as _;
 use std::sync::Arc;
@@ -44,12 +44,16 @@ async fn main() -> Result<(), Error> {
             )
             .await
         }
-        [mode, url, namespace, key] if mode == "wait" => {
+        [mode, url, namespace, key, wait_ms @ ..] if mode == "wait" && wait_ms.len() <= 1 => {
+            let wait = match wait_ms.first() {
+                Some(ms) => Duration::from_millis(ms.parse()?),
+                None => Duration::from_secs(60),
+            };
             let locks = locks(url, namespace).await?;
             println!("waiting");
             let _ = std::io::stdout().flush();
             locks
-                .with_lock(key.as_str(), Duration::from_secs(60), async {
+                .with_lock(key.as_str(), wait, async {
                     println!("acquired");
                     let _ = std::io::stdout().flush();
                 })
@@ -58,7 +62,7 @@ async fn main() -> Result<(), Error> {
         }
         _ => Err(
             "usage: fair_worker contend <url> <namespace> <key> <tasks> <run-ms> \
-                  <section-ms> <wait-ms> <start-unix-ms> | wait <url> <namespace> <key>"
+                  <section-ms> <wait-ms> <start-unix-ms> | wait <url> <namespace> <key> [<wait-ms>]"
                 .into(),
         ),
     }

@@ -100,8 +100,9 @@ pub fn coordinate(args: &RunArgs) -> Result<i32, String> {
         describe_connections(&deploy, &baseline_by_port, &dir);
     }
     lock(&fleet).exit_all(Duration::from_secs(10));
-    // Locks of killed workers expire within a lease.
-    let leaked_keys = settle(args.lease + Duration::from_secs(2), || {
+    // Locks of killed workers expire within a lease; a queue that still lists a killed
+    // waiter's place expires `QUEUE_TTL` (4 s) after the last attempt that refreshed it.
+    let leaked_keys = settle(args.lease.max(QUEUE_TTL) + Duration::from_secs(2), || {
         deploy.lock_keys().map(|k| k.len() as i64)
     })?;
     let leaked_key_names = deploy.lock_keys()?;
@@ -260,6 +261,10 @@ fn lock(fleet: &Mutex<Fleet>) -> std::sync::MutexGuard<'_, Fleet> {
 }
 
 /// Polls `measure` until it reports 0 or `timeout` passes; returns the last value.
+/// How long a lock's server-side queue lasts after the last attempt that refreshed it (the
+/// library's `engine::QUEUE_TTL`; see the README's "Fair waiting").
+const QUEUE_TTL: Duration = Duration::from_secs(4);
+
 fn settle(
     timeout: Duration,
     mut measure: impl FnMut() -> Result<i64, String>,

@@ -250,7 +250,19 @@ async fn run() -> anyhow::Result<()> {
             plan.renew_locks, plan.renew_lease, plan.renew_hold
         );
         let renewal = renewal_at_scale(&client, &plan).await?;
-        report_renewal(&mut report, &renewal, &plan);
+        report_renewal(&mut report, &renewal, &plan, None);
+        eprintln!(
+            "renewal at scale again, one call per tick: renewal_batch_limit({}) ...",
+            plan.renew_locks
+        );
+        let one_call = LockClient::builder()
+            .url(server.url())
+            .renewal_batch_limit(plan.renew_locks)
+            .connect()
+            .await?;
+        let renewal = renewal_at_scale(&one_call, &plan).await?;
+        report_renewal(&mut report, &renewal, &plan, Some(plan.renew_locks));
+        one_call.quit().await;
     }
 
     client.quit().await;

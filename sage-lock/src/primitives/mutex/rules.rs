@@ -55,7 +55,9 @@ pub(in crate::primitives) const SINCE_HORIZON_MS: i64 = 315_360_000_000;
 /// Acquire. KEYS: lock, fence, queue (list of waiting tokens, oldest first), deadlines (sorted
 /// set: token -> server ms after which the waiter counts as dead), since (grant marker, expiring
 /// [`SINCE_HORIZON_MS`] after the grant). ARGV: token, lease ms, waiter
-/// TTL ms (0: a try, which never queues).
+/// TTL ms (how long this waiter's place lasts without another attempt; 0: a try, which never
+/// queues), queue TTL ms (how long the queue's keys last without an attempt: at least any
+/// waiter's TTL, so a waiter with a short TTL never cuts another's place short).
 ///
 /// Grants (`SET NX PX` + `INCR` fence) only when the lock is free and the queue's live head is
 /// this token or nobody; a busy waiting caller joins the queue's tail (or refreshes its place).
@@ -125,8 +127,8 @@ if ttl > 0 then
     redis.call('RPUSH', KEYS[3], ARGV[1])
     redis.call('SET', KEYS[5], 'q', 'KEEPTTL')
   end
-  redis.call('PEXPIRE', KEYS[3], 2 * ttl)
-  redis.call('PEXPIRE', KEYS[4], 2 * ttl)
+  redis.call('PEXPIRE', KEYS[3], ARGV[4])
+  redis.call('PEXPIRE', KEYS[4], ARGV[4])
 end
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl < 0 and head then
@@ -249,8 +251,9 @@ impl Rules for MutexRules {
             Value::Integer(if waiter_ttl.is_zero() {
                 0
             } else {
-                millis(waiter_ttl)
+                millis(waiter_ttl).max(1)
             }),
+            Value::Integer(millis(engine::QUEUE_TTL)),
         ];
         ACQUIRE_SCRIPT.call(keys.slot, script_keys(keys), args)
     }
