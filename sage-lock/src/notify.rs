@@ -1,8 +1,9 @@
 //! Release notifications over sharded pub/sub.
 //!
 //! When a lock whose waiters queue on the server is released, the release script hands the lock
-//! to the head of the queue and publishes `token:fence` (the new owner's token and fencing
-//! token) on the lock's channel `{ns:key}:released` (`SPUBLISH`, in the key's own hash slot, so
+//! to the head of the queue and publishes `token:fence:ms` (the new owner's token, its fencing
+//! token and the hand-off lease in ms; releases of earlier versions publish `token:fence`) on the
+//! lock's channel `{ns:key}:released` (`SPUBLISH`, in the key's own hash slot, so
 //! a cluster delivers it within one shard). One subscriber connection per client, opened on
 //! first need, multiplexes the channels of every key this process waits on; the waiting task
 //! named by a message takes the [`Grant`] at once instead of finding it at its next poll. Subscriptions outlive their last waiter by [`LINGER`] (so steady contention does
@@ -44,25 +45,51 @@ pub(crate) struct Grant {
     pub(crate) fence: u64,
     /// When the release was sent, if this process sent it (real clock): the grant is no older.
     pub(crate) since: Option<std::time::Instant>,
+    /// The hand-off lease the release set, when it said (`None`: a release of an earlier
+    /// version, which always set the longest hand-off lease).
+    pub(crate) lease: Option<Duration>,
 }
 
 impl Grant {
     pub(crate) fn new(fence: u64, since: Option<std::time::Instant>) -> Self {
-        Grant { fence, since }
+        Grant {
+            fence,
+            since,
+            lease: None,
+        }
+    }
+
+    /// The same grant, with the hand-off lease the release set.
+    #[must_use]
+    pub(crate) fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
     }
 }
 
-/// Splits a release message `token:fence` (or a bare `token`, which names the next waiter
-/// without a grant).
+/// Splits off the last `:number` of `payload`.
+fn split_number(payload: &[u8]) -> Option<(&[u8], u64)> {
+    let colon = payload.iter().rposition(|b| *b == b':')?;
+    let number = std::str::from_utf8(&payload[colon + 1..])
+        .ok()?
+        .parse()
+        .ok()?;
+    Some((&payload[..colon], number))
+}
+
+/// Splits a release message `token:fence:ms`, or `token:fence` from a release of an earlier
+/// version (or a bare `token`, which names the next waiter without a grant). Tokens are hex.
 fn parse_message(payload: &[u8]) -> (&[u8], Option<Grant>) {
-    if let Some(colon) = payload.iter().rposition(|b| *b == b':')
-        && let Some(fence) = std::str::from_utf8(&payload[colon + 1..])
-            .ok()
-            .and_then(|digits| digits.parse::<u64>().ok())
-    {
-        return (&payload[..colon], Some(Grant::new(fence, None)));
+    let Some((rest, last)) = split_number(payload) else {
+        return (payload, None);
+    };
+    match split_number(rest) {
+        Some((token, fence)) => (
+            token,
+            Some(Grant::new(fence, None).with_lease(Duration::from_millis(last))),
+        ),
+        None => (rest, Some(Grant::new(last, None))),
     }
-    (payload, None)
 }
 
 /// One client's subscriber connection and the channels its waiters watch.
@@ -542,6 +569,14 @@ mod tests {
 
     #[test]
     fn messages_split_into_token_and_fence() {
+        assert_eq!(
+            parse_message(b"abc:17:300"),
+            (
+                &b"abc"[..],
+                Some(Grant::new(17, None).with_lease(Duration::from_millis(300)))
+            )
+        );
+        // A release of an earlier version.
         assert_eq!(
             parse_message(b"abc:17"),
             (&b"abc"[..], Some(Grant::new(17, None)))

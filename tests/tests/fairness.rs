@@ -506,6 +506,56 @@ async fn a_dead_waiters_place_ends_with_its_wait() {
     }
 }
 
+/// A release that hands the lock to a waiter that died while queued (its place still valid)
+/// gives it no longer than the releaser's own lease (under 2 s): the live waiter behind it gets
+/// the lock about one short lease later, not after the 2 s hand-off lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_to_a_dead_waiter_lasts_the_releasers_lease() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let ns = ns("dead-handoff", kind);
+        let holder = connect(&server.url()).await;
+        let short: Locks<str> = holder
+            .lock_with(
+                LockOptions::new()
+                    .namespace(&ns)
+                    .lease(Duration::from_millis(300)),
+            )
+            .expect("options");
+        let (release, held) = hold(&short, "k").await;
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fair_worker"))
+            .args(["wait", &server.url(), &ns, "k"])
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn fair_worker");
+        until_queued(server.port(), &ns, "k", 1).await;
+        let other = connect(&server.url()).await;
+        let entered = wait_for(&locks(&other, &ns), "k", Duration::from_secs(10));
+        until_queued(server.port(), &ns, "k", 2).await;
+        child.start_kill().expect("SIGKILL the queued waiter");
+        let _ = child.wait().await;
+        // The dead waiter's place (60 s wait) is still valid: the release hands it the lock.
+        let released_at = Instant::now();
+        release.send(()).expect("release");
+        held.await.expect("holder");
+        let got = entered.await.expect("the live waiter gets the lock");
+        let waited = got.saturating_duration_since(released_at);
+        println!(
+            "{}: live waiter entered {waited:?} after the release",
+            kind.name()
+        );
+        assert!(
+            waited < Duration::from_millis(1200),
+            "{}: the live waiter entered {waited:?} after the release: the dead waiter kept \
+             the lock longer than the releaser's 300 ms lease",
+            kind.name()
+        );
+        other.quit().await;
+        holder.quit().await;
+    }
+}
+
 /// The subscriber connection killed (its notifications lost): the waiter still gets the lock by
 /// polling, and notifications work again after the subscriber reconnects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -75,7 +75,10 @@ async fn role_and_wait_are_sent_and_replicas_have_the_lock() {
             "{}",
             kind.name()
         );
-        // Acknowledgement off: ROLE still, WAIT no more.
+        // Acknowledgement off: ROLE still, WAIT no more. A renewal of the lock above may still
+        // be in flight after its release (dropping the registration does not cancel a sent
+        // call): let its WAIT land first.
+        tokio::time::sleep(Duration::from_millis(300)).await;
         let waits = harness::commandstats_calls(port, "wait");
         let fast: Locks<str> = client
             .lock_with(

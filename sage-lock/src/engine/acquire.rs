@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fred::bytes::Bytes;
 use tokio::time::Instant;
 
 use super::handoff::handed_off;
@@ -78,6 +77,7 @@ pub(crate) async fn acquire(
         ),
         renewal: None,
         armed: true,
+        handoff_lease: super::handoff_lease(settings.lease),
         granted_by: None,
         hold_at_least: Duration::ZERO,
         uncontended: false,
@@ -270,7 +270,7 @@ async fn acquire_loop(
         };
         // Only a replica-acknowledged attempt runs on a connection of its own and needs it.
         let cleanup = (settings.replica_acknowledgement && client.deployment.is_replicated())
-            .then(|| rules.release_call(keys, &held.token));
+            .then(|| rules.release_call(keys, &held.token, held.handoff_lease));
         let outcome = client
             .run(
                 &call,
@@ -376,7 +376,7 @@ async fn acquire_loop(
                     // Another local task asks the server for this key: leave the server's queue
                     // to it and wait for it to hand over.
                     if queued {
-                        leave_queue(engine, rules, keys, &held.token, deadline).await;
+                        leave_queue(engine, rules, keys, held, deadline).await;
                     }
                     if !waiter.follow(deadline).await {
                         return Err(Stop::TimedOut(TimeoutReason::Busy));
@@ -473,10 +473,10 @@ async fn leave_queue(
     engine: &Engine,
     rules: &Arc<dyn Rules>,
     keys: &LockKeys,
-    token: &Bytes,
+    held: &Held,
     deadline: Instant,
 ) {
-    let call = rules.release_call(keys, token);
+    let call = rules.release_call(keys, &held.token, held.handoff_lease);
     let limit = deadline.min(Instant::now() + super::RELEASE_TIMEOUT);
     if let Err(error) = engine.conn.run_plain(&call, limit).await {
         tracing::debug!(?error, "leaving the waiter queue failed; the place expires");

@@ -21,7 +21,8 @@ pub(super) fn handed_off(
     // The server set the hand-off lease no earlier than this process's own release was sent,
     // nor than this waiter's last busy attempt.
     let since = grant.since.map_or(queued_at, |since| since.max(queued_at));
-    let granted_for = settings.lease.min(HANDOFF_LEASE);
+    // The release set the hand-off lease it says (earlier versions: always the longest).
+    let granted_for = settings.lease.min(grant.lease.unwrap_or(HANDOFF_LEASE));
     let margin = drift(settings.lease);
     let valid_until = since + granted_for.saturating_sub(margin);
     let now = std::time::Instant::now();

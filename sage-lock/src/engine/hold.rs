@@ -107,6 +107,9 @@ pub(crate) struct Held {
     pub(crate) renewal: Option<Registration>,
     /// Whether the server may hold this token (a release is owed).
     pub(crate) armed: bool,
+    /// The lease a release of this hold gives the waiter it hands the lock to
+    /// ([`super::handoff_lease`] of the hold's lease).
+    pub(crate) handoff_lease: Duration,
     /// The primary that granted the hold, when the deployment is replicated.
     pub(crate) granted_by: Option<Server>,
     /// Minimum time from acquisition to release; zero until the body may have started.
@@ -127,6 +130,7 @@ impl Held {
             &self.keys,
             &self.token,
             &self.metrics,
+            self.handoff_lease,
             self.keep_for(),
             self.granted_by.as_ref(),
             self.uncontended,
@@ -146,6 +150,7 @@ impl Held {
             &self.keys,
             &self.token,
             &self.metrics,
+            self.handoff_lease,
             None,
             self.granted_by.as_ref(),
             false,
@@ -172,6 +177,7 @@ impl Held {
                 &self.keys,
                 &self.token,
                 &self.metrics,
+                self.handoff_lease,
                 None,
                 self.granted_by.as_ref(),
                 false,
@@ -217,6 +223,7 @@ async fn release_now(
     keys: &LockKeys,
     token: &Bytes,
     metrics: &Metrics,
+    handoff_lease: Duration,
     keep_for: Option<Duration>,
     granted_by: Option<&Server>,
     plain: bool,
@@ -240,7 +247,7 @@ async fn release_now(
     }
     let call = match keep_for {
         Some(keep_for) => rules.shorten_call(keys, token, keep_for),
-        None => rules.release_call(keys, token),
+        None => rules.release_call(keys, token, handoff_lease),
     };
     // No grant this release makes is older than this (real clock).
     let sent = std::time::Instant::now();
@@ -258,7 +265,8 @@ async fn release_now(
                 handed_off,
                 ..
             }) => {
-                let grant = handed_off.map(|fence| Grant::new(fence, Some(sent)));
+                let grant =
+                    handed_off.map(|fence| Grant::new(fence, Some(sent)).with_lease(handoff_lease));
                 engine.notifier.wake_local(&keys.lock, head, grant);
             }
             _ => engine.waiters.wake_one(&keys.lock),
@@ -300,6 +308,7 @@ fn release_in_background(held: &Held) {
         held.keep_for(),
         held.uncontended,
     );
+    let handoff_lease = held.handoff_lease;
     let granted_by = held.granted_by.clone();
     runtime.spawn(async move {
         release_now(
@@ -308,6 +317,7 @@ fn release_in_background(held: &Held) {
             &keys,
             &token,
             &metrics,
+            handoff_lease,
             keep_for,
             granted_by.as_ref(),
             plain,

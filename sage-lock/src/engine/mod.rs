@@ -47,9 +47,16 @@ pub(crate) const WAITER_TTL: Duration = Duration::from_secs(2);
 /// How long a lock's queue (its list and deadlines) lasts after the last attempt that queued or
 /// refreshed a place: twice the longest place.
 pub(crate) const QUEUE_TTL: Duration = Duration::from_secs(4);
-/// The lease a release gives the queued waiter it hands the lock to (until that waiter renews it
-/// to its own lease): a waiter that died in the queue keeps the lock at most this long.
+/// The longest lease a release gives the queued waiter it hands the lock to (until that waiter
+/// renews it to its own lease): a waiter that died in the queue keeps the lock at most this long.
 pub(crate) const HANDOFF_LEASE: Duration = WAITER_TTL;
+
+/// The lease a release by a holder of `lease` gives the waiter it hands the lock to: its own
+/// lease, at most [`HANDOFF_LEASE`]. A waiter that died while queued then keeps the lock no
+/// longer than the releaser's lease (the time users chose to lose to a dead holder).
+pub(crate) fn handoff_lease(lease: Duration) -> Duration {
+    lease.min(HANDOFF_LEASE)
+}
 /// The longest a queued waiter sleeps between attempts (it refreshes its place on each), and so
 /// the most a lost release notification costs.
 pub(crate) const QUEUED_POLL: Duration = Duration::from_millis(500);
@@ -64,8 +71,14 @@ pub(crate) const QUEUED_POLL: Duration = Duration::from_millis(500);
 pub(crate) trait Rules: Send + Sync + fmt::Debug {
     /// One acquisition attempt by `token` for `lease`.
     fn acquire_call(&self, keys: &LockKeys, token: &Bytes, lease: Duration) -> ScriptCall<'static>;
-    /// Gives up `token`'s hold, if it still has one.
-    fn release_call(&self, keys: &LockKeys, token: &Bytes) -> ScriptCall<'static>;
+    /// Gives up `token`'s hold, if it still has one. A primitive that hands the lock to the next
+    /// queued waiter on release grants it `handoff_lease` (see [`handoff_lease`]).
+    fn release_call(
+        &self,
+        keys: &LockKeys,
+        token: &Bytes,
+        handoff_lease: Duration,
+    ) -> ScriptCall<'static>;
     /// Ends `token`'s hold in `keep_for` instead of now (the minimum hold,
     /// [`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)): the hold stays, with
     /// `keep_for` as its expiry, if it is still `token`'s. `keep_for` may exceed the lease.

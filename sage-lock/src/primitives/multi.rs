@@ -147,7 +147,12 @@ impl Rules for UnitRules {
         ACQUIRE_ALL_SCRIPT.call(keys.slot, self.script_keys.clone(), args)
     }
 
-    fn release_call(&self, keys: &LockKeys, token: &Bytes) -> ScriptCall<'static> {
+    fn release_call(
+        &self,
+        keys: &LockKeys,
+        token: &Bytes,
+        _handoff_lease: Duration,
+    ) -> ScriptCall<'static> {
         let mut args = Vec::with_capacity(1 + self.channels.len());
         args.push(Value::Bytes(token.clone()));
         args.extend(self.channels.iter().cloned());

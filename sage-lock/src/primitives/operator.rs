@@ -255,7 +255,7 @@ impl<K: ?Sized> Locks<K> {
                 }
             };
             // The release script: compare-and-delete, then hand the lock to the next waiter.
-            let call = MUTEX.release_call(&keys, &token);
+            let call = MUTEX.release_call(&keys, &token, crate::engine::HANDOFF_LEASE);
             let reply = self
                 .engine
                 .conn
@@ -268,7 +268,10 @@ impl<K: ?Sized> Locks<K> {
                     (Some(head), Some(fence)) => self.engine.notifier.wake_local(
                         &keys.lock,
                         head,
-                        Some(crate::notify::Grant::new(fence, None)),
+                        Some(
+                            crate::notify::Grant::new(fence, None)
+                                .with_lease(crate::engine::HANDOFF_LEASE),
+                        ),
                     ),
                     _ => self.engine.waiters.wake_one(&keys.lock),
                 }

@@ -164,7 +164,12 @@ impl Rules for ReadRules {
         READ_ACQUIRE_SCRIPT.call(keys.slot, acquire_keys(keys), args)
     }
 
-    fn release_call(&self, keys: &LockKeys, token: &Bytes) -> ScriptCall<'static> {
+    fn release_call(
+        &self,
+        keys: &LockKeys,
+        token: &Bytes,
+        _handoff_lease: Duration,
+    ) -> ScriptCall<'static> {
         let call_keys = vec![keys.companion(READERS)];
         READ_RELEASE_SCRIPT.call(keys.slot, call_keys, vec![Value::Bytes(token.clone())])
     }
@@ -208,7 +213,12 @@ impl Rules for WriteRules {
         WRITE_ACQUIRE_SCRIPT.call(keys.slot, acquire_keys(keys), args)
     }
 
-    fn release_call(&self, keys: &LockKeys, token: &Bytes) -> ScriptCall<'static> {
+    fn release_call(
+        &self,
+        keys: &LockKeys,
+        token: &Bytes,
+        _handoff_lease: Duration,
+    ) -> ScriptCall<'static> {
         let call_keys = vec![keys.companion(WRITER), keys.companion(INTENT)];
         WRITE_RELEASE_SCRIPT.call(keys.slot, call_keys, vec![Value::Bytes(token.clone())])
     }

@@ -108,7 +108,12 @@ impl Rules for SemaphoreRules {
         ACQUIRE_SCRIPT.call(keys.slot, call_keys, args)
     }
 
-    fn release_call(&self, keys: &LockKeys, token: &Bytes) -> ScriptCall<'static> {
+    fn release_call(
+        &self,
+        keys: &LockKeys,
+        token: &Bytes,
+        _handoff_lease: Duration,
+    ) -> ScriptCall<'static> {
         let call_keys = vec![keys.companion(HOLDERS)];
         RELEASE_SCRIPT.call(keys.slot, call_keys, vec![Value::Bytes(token.clone())])
     }

@@ -144,7 +144,8 @@ return {0, pttl, tonumber(redis.call('GET', KEYS[2]) or '0')}
 /// Removes this token's hold (or, for a waiter that gives up, its place in the queue). If that
 /// left the lock free and a live waiter heads the queue, the lock passes to it on the server: its
 /// token becomes the value (marked `+` if others still queue) with the hand-off lease as TTL, the
-/// fencing counter is incremented, and `token:fence` is published on the channel (`SPUBLISH`,
+/// fencing counter is incremented, and `token:fence:ms` (ms: the hand-off lease) is published on
+/// the channel (`SPUBLISH`,
 /// under `pcall` so a server or ACL without sharded pub/sub only costs the new owner a poll,
 /// which finds its own token and confirms the grant). Waiters are popped off the queue's head
 /// (`LPOP`) until a live one comes: dead ones are dropped, the live one is the next owner.
@@ -183,7 +184,7 @@ if head then
     redis.call('SET', KEYS[1], value, 'PX', ARGV[3])
     redis.call('SET', KEYS[5], queued, 'PX', '315360000000')
     local fence = redis.call('INCR', KEYS[4])
-    redis.pcall('SPUBLISH', ARGV[2], head .. ':' .. fence)
+    redis.pcall('SPUBLISH', ARGV[2], head .. ':' .. fence .. ':' .. ARGV[3])
     return {released, head, fence}
   end
 end
@@ -258,11 +259,16 @@ impl Rules for MutexRules {
         ACQUIRE_SCRIPT.call(keys.slot, script_keys(keys), args)
     }
 
-    fn release_call(&self, keys: &LockKeys, token: &Bytes) -> ScriptCall<'static> {
+    fn release_call(
+        &self,
+        keys: &LockKeys,
+        token: &Bytes,
+        handoff_lease: Duration,
+    ) -> ScriptCall<'static> {
         let args = vec![
             Value::Bytes(token.clone()),
             Value::Bytes(crate::notify::channel(&keys.lock)),
-            Value::Integer(millis(engine::HANDOFF_LEASE)),
+            Value::Integer(millis(handoff_lease).max(1)),
         ];
         RELEASE_SCRIPT.call(keys.slot, release_keys(keys), args)
     }
