@@ -430,6 +430,59 @@ async fn a_hand_off_keeps_the_remaining_queue_marked() {
     }
 }
 
+/// Starts a `fair_worker` process that waits for `k` in `ns` (for `wait_ms`, default 60 s) and
+/// returns once it is queued on the server (the queue was empty).
+async fn queued_process(
+    url: &str,
+    port: u16,
+    ns: &str,
+    wait_ms: Option<&str>,
+) -> tokio::process::Child {
+    let mut args = vec!["wait", url, ns, "k"];
+    args.extend(wait_ms);
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fair_worker"))
+        .args(&args)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn fair_worker");
+    until_queued(port, ns, "k", 1).await;
+    child
+}
+
+/// A waiter on a client of its own that queues for `k` behind the one waiter already queued;
+/// returns once it is queued, with its client and the instant its body began.
+async fn live_waiter_behind(
+    url: &str,
+    port: u16,
+    ns: &str,
+) -> (LockClient, tokio::task::JoinHandle<Instant>) {
+    let client = connect(url).await;
+    let entered = wait_for(&locks(&client, ns), "k", Duration::from_secs(10));
+    until_queued(port, ns, "k", 2).await;
+    (client, entered)
+}
+
+/// SIGKILLs a waiter process and reaps it.
+async fn kill(mut child: tokio::process::Child) {
+    child.start_kill().expect("SIGKILL the queued waiter");
+    let _ = child.wait().await;
+}
+
+/// Ends the hold `release` controls and returns how long after `released_at` the live waiter
+/// `entered` began its body.
+async fn entered_after_release(
+    release: tokio::sync::oneshot::Sender<()>,
+    held: tokio::task::JoinHandle<Instant>,
+    entered: tokio::task::JoinHandle<Instant>,
+    released_at: Instant,
+) -> Duration {
+    release.send(()).expect("release");
+    held.await.expect("holder");
+    let got = entered.await.expect("the live waiter gets the lock");
+    got.saturating_duration_since(released_at)
+}
+
 /// A waiter process killed while queued at the head does not block the others beyond its
 /// waiter TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -439,25 +492,15 @@ async fn killed_waiter_does_not_block_the_queue() {
         let ns = ns("dead-waiter", kind);
         let holder = connect(&server.url()).await;
         let (release, held) = hold(&locks(&holder, &ns), "k").await;
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fair_worker"))
-            .args(["wait", &server.url(), &ns, "k"])
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn fair_worker");
-        until_queued(server.port(), &ns, "k", 1).await;
-        let other = connect(&server.url()).await;
-        let entered = wait_for(&locks(&other, &ns), "k", Duration::from_secs(10));
-        until_queued(server.port(), &ns, "k", 2).await;
-        child.start_kill().expect("SIGKILL the queued waiter");
-        let _ = child.wait().await;
+        let child = queued_process(&server.url(), server.port(), &ns, None).await;
+        let (other, entered) = live_waiter_behind(&server.url(), server.port(), &ns).await;
+        kill(child).await;
         let killed_at = Instant::now();
-        release.send(()).expect("release");
-        held.await.expect("holder");
-        let got = entered.await.expect("the live waiter gets the lock");
-        let waited = got.saturating_duration_since(killed_at);
+        let waited = entered_after_release(release, held, entered, killed_at).await;
         println!("{}: dead head skipped after {waited:?}", kind.name());
         assert!(waited < DEAD_WAITER_BOUND, "{}: {waited:?}", kind.name());
+        other.quit().await;
+        holder.quit().await;
     }
 }
 
@@ -471,26 +514,14 @@ async fn a_dead_waiters_place_ends_with_its_wait() {
         let ns = ns("dead-short-wait", kind);
         let holder = connect(&server.url()).await;
         let (release, held) = hold(&locks(&holder, &ns), "k").await;
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fair_worker"))
-            .args(["wait", &server.url(), &ns, "k", "400"])
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn fair_worker");
-        until_queued(server.port(), &ns, "k", 1).await;
-        child.start_kill().expect("SIGKILL the queued waiter");
-        let _ = child.wait().await;
+        let child = queued_process(&server.url(), server.port(), &ns, Some("400")).await;
+        kill(child).await;
         let killed_at = Instant::now();
-        let other = connect(&server.url()).await;
-        let entered = wait_for(&locks(&other, &ns), "k", Duration::from_secs(10));
-        until_queued(server.port(), &ns, "k", 2).await;
+        let (other, entered) = live_waiter_behind(&server.url(), server.port(), &ns).await;
         // Well past the dead waiter's 400 ms wait, well within the 2 s a place lasts at most.
         tokio::time::sleep(Duration::from_millis(900).saturating_sub(killed_at.elapsed())).await;
         let released_at = Instant::now();
-        release.send(()).expect("release");
-        held.await.expect("holder");
-        let got = entered.await.expect("the live waiter gets the lock");
-        let waited = got.saturating_duration_since(released_at);
+        let waited = entered_after_release(release, held, entered, released_at).await;
         println!(
             "{}: live waiter entered {waited:?} after the release",
             kind.name()
@@ -523,24 +554,12 @@ async fn a_hand_off_to_a_dead_waiter_lasts_the_releasers_lease() {
             )
             .expect("options");
         let (release, held) = hold(&short, "k").await;
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fair_worker"))
-            .args(["wait", &server.url(), &ns, "k"])
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn fair_worker");
-        until_queued(server.port(), &ns, "k", 1).await;
-        let other = connect(&server.url()).await;
-        let entered = wait_for(&locks(&other, &ns), "k", Duration::from_secs(10));
-        until_queued(server.port(), &ns, "k", 2).await;
-        child.start_kill().expect("SIGKILL the queued waiter");
-        let _ = child.wait().await;
+        let child = queued_process(&server.url(), server.port(), &ns, None).await;
+        let (other, entered) = live_waiter_behind(&server.url(), server.port(), &ns).await;
+        kill(child).await;
         // The dead waiter's place (60 s wait) is still valid: the release hands it the lock.
         let released_at = Instant::now();
-        release.send(()).expect("release");
-        held.await.expect("holder");
-        let got = entered.await.expect("the live waiter gets the lock");
-        let waited = got.saturating_duration_since(released_at);
+        let waited = entered_after_release(release, held, entered, released_at).await;
         println!(
             "{}: live waiter entered {waited:?} after the release",
             kind.name()

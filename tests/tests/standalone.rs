@@ -250,19 +250,26 @@ async fn many_leases_renew_in_batches() {
     }
 }
 
-/// Holds `held` locks of `lease` in namespace `ns` for `hold` on `client`; returns the number of
-/// renewal script calls the server saw (every `EVALSHA` that was not an acquire or release).
-async fn renewal_calls_for(
-    client: &LockClient,
-    port: u16,
+/// Holds `held` locks of `lease` in namespace `ns` for `hold`, on a client of `server` with
+/// `renewal_batch_limit(limit)`; returns `(renewal calls, renewals)`: the server's `EVALSHA`
+/// calls that were neither an acquire nor a release, and the client's count.
+async fn renewals_with_limit(
+    server: &Server,
+    limit: usize,
     ns: &str,
     held: u64,
     lease: Duration,
     hold: Duration,
 ) -> (u64, u64) {
+    let client = LockClient::builder()
+        .url(&server.url())
+        .renewal_batch_limit(limit)
+        .connect()
+        .await
+        .expect("connect");
+    let port = server.port();
     let before = harness::commandstats_calls(port, "evalsha");
     let releases_before = harness::commandstats_calls(port, "delifeq");
-    let renewals_before = client.stats().renewals;
     let locks: Locks<String> = client
         .lock_with(LockOptions::new().namespace(ns).lease(lease))
         .expect("opts");
@@ -284,8 +291,11 @@ async fn renewal_calls_for(
     }
     let scripts = harness::commandstats_calls(port, "evalsha") - before;
     let plain_releases = harness::commandstats_calls(port, "delifeq") - releases_before;
-    let renewals = client.stats().renewals - renewals_before;
-    (scripts - held - (held - plain_releases), renewals)
+    let renewals = client.stats().renewals;
+    client.quit().await;
+    let calls = scripts - held - (held - plain_releases);
+    println!("limit {limit}: {renewals} renewals of {held} locks in {calls} calls");
+    (calls, renewals)
 }
 
 /// `renewal_batch_limit` sets how many leases one renewal call renews: a low limit splits the
@@ -294,62 +304,40 @@ async fn renewal_calls_for(
 async fn renewal_batch_limit_sets_leases_per_call() {
     for kind in ServerKind::ALL {
         let server = Server::start(kind);
-        let small = LockClient::builder()
-            .url(&server.url())
-            .renewal_batch_limit(16)
-            .connect()
-            .await
-            .expect("connect");
-        let lease = Duration::from_millis(600);
-        let (calls, renewals) = renewal_calls_for(
-            &small,
-            server.port(),
+        let short = Duration::from_millis(600);
+        let (calls, renewals) = renewals_with_limit(
+            &server,
+            16,
             "batch-16",
             96,
-            lease,
+            short,
             Duration::from_millis(1300),
         )
         .await;
-        println!(
-            "{}: limit 16: {renewals} renewals in {calls} calls",
-            kind.name()
-        );
         assert!(renewals >= 96 * 3, "{}: {renewals} renewals", kind.name());
         assert!(
             calls * 16 >= renewals,
             "{}: {renewals} renewals in {calls} calls: more than 16 per call",
             kind.name()
         );
-        small.quit().await;
-
-        let large = LockClient::builder()
-            .url(&server.url())
-            .renewal_batch_limit(10_000)
-            .connect()
-            .await
-            .expect("connect");
-        let (calls, renewals) = renewal_calls_for(
-            &large,
-            server.port(),
+        // Leases due within a twentieth of a lease (300 ms) share a call: a long lease keeps the
+        // acquisitions' spread (slow on a busy machine) within few calls.
+        let long = Duration::from_secs(6);
+        let (calls, renewals) = renewals_with_limit(
+            &server,
+            10_000,
             "batch-large",
             1000,
-            // Leases due within a twentieth of a lease (300 ms) share a call: a long lease keeps
-            // the acquisitions' spread (slow on a busy machine) within few calls.
-            Duration::from_secs(6),
+            long,
             Duration::from_millis(6500),
         )
         .await;
-        println!(
-            "{}: limit 10000: {renewals} renewals in {calls} calls",
-            kind.name()
-        );
         assert!(renewals >= 1000 * 2, "{}: {renewals} renewals", kind.name());
         assert!(
             calls * 256 < renewals,
             "{}: {renewals} renewals in {calls} calls: no call renewed more than 256",
             kind.name()
         );
-        large.quit().await;
     }
 }
 
