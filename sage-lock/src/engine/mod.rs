@@ -57,6 +57,7 @@ pub(crate) const HANDOFF_LEASE: Duration = WAITER_TTL;
 pub(crate) fn handoff_lease(lease: Duration) -> Duration {
     lease.min(HANDOFF_LEASE)
 }
+
 /// The longest a queued waiter sleeps between attempts (it refreshes its place on each), and so
 /// the most a lost release notification costs.
 pub(crate) const QUEUED_POLL: Duration = Duration::from_millis(500);
