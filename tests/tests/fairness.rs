@@ -463,6 +463,20 @@ async fn live_waiter_behind(
     (client, entered)
 }
 
+/// Asserts that the live waiter entered within `bound` of the release (`why`: what a longer
+/// wait means).
+fn entered_within(kind: ServerKind, waited: Duration, bound: Duration, why: &str) {
+    println!(
+        "{}: live waiter entered {waited:?} after the release",
+        kind.name()
+    );
+    assert!(
+        waited < bound,
+        "{}: the live waiter entered {waited:?} after the release: {why}",
+        kind.name()
+    );
+}
+
 /// SIGKILLs a waiter process and reaps it.
 async fn kill(mut child: tokio::process::Child) {
     child.start_kill().expect("SIGKILL the queued waiter");
@@ -522,15 +536,11 @@ async fn a_dead_waiters_place_ends_with_its_wait() {
         tokio::time::sleep(Duration::from_millis(900).saturating_sub(killed_at.elapsed())).await;
         let released_at = Instant::now();
         let waited = entered_after_release(release, held, entered, released_at).await;
-        println!(
-            "{}: live waiter entered {waited:?} after the release",
-            kind.name()
-        );
-        assert!(
-            waited < Duration::from_millis(700),
-            "{}: the live waiter entered {waited:?} after the release: the dead waiter's place \
-             outlived its wait",
-            kind.name()
+        entered_within(
+            kind,
+            waited,
+            Duration::from_millis(700),
+            "the dead waiter's place outlived its wait",
         );
         other.quit().await;
         holder.quit().await;
@@ -560,15 +570,11 @@ async fn a_hand_off_to_a_dead_waiter_lasts_the_releasers_lease() {
         // The dead waiter's place (60 s wait) is still valid: the release hands it the lock.
         let released_at = Instant::now();
         let waited = entered_after_release(release, held, entered, released_at).await;
-        println!(
-            "{}: live waiter entered {waited:?} after the release",
-            kind.name()
-        );
-        assert!(
-            waited < Duration::from_millis(1200),
-            "{}: the live waiter entered {waited:?} after the release: the dead waiter kept \
-             the lock longer than the releaser's 300 ms lease",
-            kind.name()
+        entered_within(
+            kind,
+            waited,
+            Duration::from_millis(1200),
+            "the dead waiter kept the lock longer than the releaser's 300 ms lease",
         );
         other.quit().await;
         holder.quit().await;
