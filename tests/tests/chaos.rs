@@ -1,6 +1,8 @@
 //! The short chaos profile: the `chaos` binary (seeded fault injection plus history checker) on
 //! every topology and both servers, a few seconds each with fixed seeds. Each run must report
 //! 0 violations, 0 leaked keys and 0 leaked connections. Runs one at a time (2-core machines).
+//! On each topology one server kind runs the mutex alone, the other every primitive
+//! (`--primitives all`: several keys, the read-write lock, the semaphore).
 
 use std::process::Command;
 use std::sync::Mutex;
@@ -79,12 +81,12 @@ fn standalone_redis() {
 
 #[test]
 fn standalone_valkey() {
-    run("standalone", "valkey", 2, &[]);
+    run("standalone", "valkey", 2, &["--primitives", "all"]);
 }
 
 #[test]
 fn replicated_redis() {
-    run("replicated", "redis", 3, &[]);
+    run("replicated", "redis", 3, &["--primitives", "all"]);
 }
 
 #[test]
@@ -99,12 +101,12 @@ fn sentinel_redis() {
 
 #[test]
 fn sentinel_valkey() {
-    run("sentinel", "valkey", 6, &[]);
+    run("sentinel", "valkey", 6, &["--primitives", "all"]);
 }
 
 #[test]
 fn cluster_redis() {
-    run("cluster", "redis", 7, &[]);
+    run("cluster", "redis", 7, &["--primitives", "all"]);
 }
 
 #[test]

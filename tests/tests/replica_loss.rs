@@ -403,3 +403,78 @@ async fn new_client_through_sentinel_takes_the_floor_from_sentinel() {
         );
     }
 }
+
+/// A shared hold (a reader, a permit) whose grant was not acknowledged is retried with the same
+/// token, and the retry finds the token still holding. Other shares granted in between moved
+/// the key's fencing counter on: the retry must not answer with that counter (another holder's
+/// token) but with a token of its own. Found by the chaos suite (`--primitives all`, seed 1253,
+/// replicated Redis: three readers of one key granted token 6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_shared_grant_gets_a_token_of_its_own() {
+    for kind in ServerKind::ALL {
+        let setup = Replicated::start(kind, 2);
+        let client = connect(&setup).await;
+        let acknowledged = LockOptions::new().namespace("shared-retry");
+        let unacknowledged = acknowledged.clone().replica_acknowledgement(false);
+        let readers = client
+            .rw_lock_with::<str>(acknowledged.clone())
+            .expect("opts");
+        let other_readers = client
+            .rw_lock_with::<str>(unacknowledged.clone())
+            .expect("opts");
+        let permits = client.semaphore_with::<str>(2, acknowledged).expect("opts");
+        let other_permits = client
+            .semaphore_with::<str>(2, unacknowledged)
+            .expect("opts");
+        let token = || async { sage_lock::current_lease().map(|l| l.fencing_token()) };
+        // Both replicas seen.
+        readers
+            .read("warm", Duration::from_secs(2), token())
+            .await
+            .expect("both replicas attached");
+        detach_one(&setup);
+        for primitive in ["reader", "permit"] {
+            let key = format!("k-{primitive}");
+            let retried = {
+                let (readers, permits, key) = (readers.clone(), permits.clone(), key.clone());
+                tokio::spawn(async move {
+                    let wait = Duration::from_secs(4);
+                    if primitive == "reader" {
+                        readers.read(key.as_str(), wait, token()).await
+                    } else {
+                        permits.acquire(key.as_str(), wait, token()).await
+                    }
+                })
+            };
+            // The first grant is in, unacknowledged; another holder is granted meanwhile.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let wait = Duration::from_secs(1);
+            let other = if primitive == "reader" {
+                other_readers.read(key.as_str(), wait, token()).await
+            } else {
+                other_permits.acquire(key.as_str(), wait, token()).await
+            };
+            let other = other.expect("the other holder, without acknowledgement");
+            let port = setup.primary.port().to_string();
+            setup.replicas[1].cmd_ok(&["REPLICAOF", "127.0.0.1", &port]);
+            setup
+                .wait_synced(Duration::from_secs(20))
+                .expect("replica back");
+            let retried = retried
+                .await
+                .expect("task")
+                .unwrap_or_else(|e| panic!("{} {primitive}: {e:?}", kind.name()));
+            println!(
+                "{} {primitive}: the other holder's token {other:?}, the retried grant's {retried:?}",
+                kind.name()
+            );
+            assert!(
+                retried > other,
+                "{} {primitive}: the retried grant's token {retried:?} is not above the token \
+                 {other:?} of the holder granted before it",
+                kind.name()
+            );
+            detach_one(&setup);
+        }
+    }
+}

@@ -41,16 +41,16 @@ pub(crate) const INTENT: &str = ":wi";
 pub const WRITER_INTENT: Duration = Duration::from_secs(1);
 
 /// Read acquire. `KEYS`: readers, fence, writer, intent; `ARGV`: token, lease ms. Granted unless
-/// a writer holds the lock or waits for it.
+/// a writer holds the lock or waits for it; a token that already reads (a retry after an
+/// unknown or unacknowledged outcome) is granted again. Every grant, a repeated one too, takes
+/// a new fencing token: other readers' grants may have moved the counter on since this token's
+/// first one, so the counter is nobody's token but the latest grant's.
 const READ_ACQUIRE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local fence
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  fence = tonumber(redis.call('GET', KEYS[2]) or '0')
-else
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   local writer = redis.call('PTTL', KEYS[3])
   if writer ~= -2 then
     return {0, math.max(writer, 1)}
@@ -59,8 +59,8 @@ else
   if intent ~= -2 then
     return {0, math.max(intent, 1)}
   end
-  fence = redis.call('INCR', KEYS[2])
 end
+local fence = redis.call('INCR', KEYS[2])
 redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
 if redis.call('PTTL', KEYS[1]) < lease then
   redis.call('PEXPIRE', KEYS[1], lease)

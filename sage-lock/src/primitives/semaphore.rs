@@ -30,20 +30,19 @@ pub(crate) const HOLDERS: &str = ":sem";
 /// Acquire. `KEYS`: holder set, fencing counter; `ARGV`: token, lease ms, permits. Granted
 /// while fewer than `permits` unexpired holders remain (also when the token already holds a
 /// permit, so a retry is safe): `{1, fence}`; else `{0, ms until the first permit expires}`.
+/// Every grant, a repeated one too, takes a new fencing token: other holders' grants may have
+/// moved the counter on since this token's first one.
 const ACQUIRE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local fence
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  fence = tonumber(redis.call('GET', KEYS[2]) or '0')
-elseif redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[3]) then
-  fence = redis.call('INCR', KEYS[2])
-else
+if not redis.call('ZSCORE', KEYS[1], ARGV[1])
+    and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   return {0, math.max(tonumber(first[2]) - now, 1)}
 end
+local fence = redis.call('INCR', KEYS[2])
 redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
 if redis.call('PTTL', KEYS[1]) < lease then
   redis.call('PEXPIRE', KEYS[1], lease)

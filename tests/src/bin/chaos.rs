@@ -3,8 +3,11 @@
 //! ```text
 //! cargo run -p sage-lock-tests --release --bin chaos -- \
 //!     --topology standalone|replicated|sentinel|cluster --server redis|valkey --seconds N --seed S \
-//!     [--lease-ms MS] [--without FAULT,FAULT..]
+//!     [--lease-ms MS] [--without FAULT,FAULT..] [--primitives mutex,multi,rwlock,semaphore|all]
 //! ```
+//!
+//! `--primitives` (default `mutex`) picks what the workers lock: the mutex, several mutex keys at
+//! once (`multi`), the read-write lock and the semaphore, each call picking one at random.
 //!
 //! Prints `chaos: F faults, N critical sections, V violations, L late loss reports, K leaked keys,
 //! C leaked connections` and exits non-zero on any violation, late loss report or leak. Started
@@ -16,13 +19,14 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use harness::ServerKind;
-use harness::chaos::Topology;
 use harness::chaos::faults::FaultKind;
 use harness::chaos::run::{RunArgs, coordinate};
 use harness::chaos::worker::{self, WorkerArgs};
+use harness::chaos::{Primitive, Topology};
 
 const USAGE: &str = "usage: chaos --topology standalone|replicated|sentinel|cluster \
-                     --server redis|valkey --seconds N --seed S [--lease-ms MS] [--without FAULT,FAULT..]";
+                     --server redis|valkey --seconds N --seed S [--lease-ms MS] [--without FAULT,FAULT..] \
+                     [--primitives mutex,multi,rwlock,semaphore|all]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -72,7 +76,13 @@ fn number<T: std::str::FromStr>(map: &HashMap<String, String>, name: &str) -> Re
 fn run_coordinator(args: &[String]) -> Result<i32, String> {
     let map = options(args)?;
     let known = [
-        "topology", "server", "seconds", "seed", "lease-ms", "without",
+        "topology",
+        "server",
+        "seconds",
+        "seed",
+        "lease-ms",
+        "without",
+        "primitives",
     ];
     if let Some(unknown) = map.keys().find(|k| !known.contains(&k.as_str())) {
         return Err(format!("unknown option --{unknown}; {USAGE}"));
@@ -99,6 +109,10 @@ fn run_coordinator(args: &[String]) -> Result<i32, String> {
             .collect::<Result<Vec<_>, _>>()?,
         None => Vec::new(),
     };
+    let primitives = match map.get("primitives") {
+        Some(list) => Primitive::parse_list(list)?,
+        None => vec![Primitive::Mutex],
+    };
     let exe = std::env::current_exe().map_err(|e| format!("finding the chaos executable: {e}"))?;
     coordinate(&RunArgs {
         topology: Topology::parse(get(&map, "topology")?)?,
@@ -108,6 +122,7 @@ fn run_coordinator(args: &[String]) -> Result<i32, String> {
         lease: Duration::from_millis(lease_ms),
         exe,
         without,
+        primitives,
     })
 }
 
@@ -121,6 +136,7 @@ fn run_worker(args: &[String]) -> Result<(), String> {
         lease: Duration::from_millis(number(&map, "lease-ms")?),
         seed: number(&map, "seed")?,
         slot: number(&map, "slot")?,
+        primitives: Primitive::parse_list(get(&map, "primitives")?)?,
     };
     // `RUST_LOG` (e.g. `sage_lock=debug`), inherited from the coordinator, logs to the worker's
     // stderr file.

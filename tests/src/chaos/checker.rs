@@ -2,11 +2,12 @@
 //!
 //! - Store: for every key `value == accepted` (no lost update), the accepted tokens never go
 //!   down, and every write a worker saw accepted is counted.
-//! - Overlaps: two critical sections (acquired .. body done) on one key that overlap in time must
-//!   be explained by a reported `LockLost` of one of them, a pause of one holder (SIGSTOP by the
+//! - Overlaps: two critical sections (acquired .. body done) on one key that overlap in time,
+//!   unless both are readers of a read-write lock, must be explained by a reported `LockLost` of one of them, a pause of one holder (SIGSTOP by the
 //!   nemesis, or a recorded runtime stall of at least a quarter lease), or a data-losing fault
 //!   (restart, failover) whose window, plus one lease, meets the overlap. Anything else is a
-//!   violation. Recorded sections lie inside the real holding intervals (acquired is recorded
+//!   violation. On a semaphore key, more than its permits of holders at once must be explained
+//!   the same way: holders that lost their lease or were paused do not count. Recorded sections lie inside the real holding intervals (acquired is recorded
 //!   after the grant, done before the release), so a recorded overlap is a real one.
 //! - Fencing tokens: no token is granted twice for one key, except after a data-losing fault.
 //! - Loss reports: every `LockLost` must come within lease/3 + the detection bound of a cause:
@@ -19,11 +20,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use super::all_keys;
 use super::clock::{as_ms, ns};
 use super::faults::{Class, FaultKind, FaultRecord};
-use super::history::{Event, PROCESS, Record, WriteOutcome};
+use super::history::{Event, Hold, PROCESS, Record, WriteOutcome};
 use super::store::KeyState;
+use super::store_keys;
 
 /// Scheduling slack allowed on top of every detection bound (a loaded 2-core machine).
 pub const SCHED_SLACK: Duration = Duration::from_millis(250);
@@ -57,7 +58,9 @@ struct Section {
     process: usize,
     task: u32,
     key: String,
+    /// 0 when not known (the later keys of `with_locks`).
     token: u64,
+    hold: Hold,
     start: u64,
     end: u64,
     lost: bool,
@@ -115,34 +118,41 @@ fn scan_process(
     accepted_seen: &mut HashMap<String, i64>,
     report: &mut Report,
 ) {
-    let mut open: HashMap<u32, Section> = HashMap::new();
+    // A task's open sections: one per key it holds (several for `with_locks`).
+    let mut open: HashMap<u32, Vec<Section>> = HashMap::new();
+    let mut acquiring: HashMap<u32, bool> = HashMap::new();
     let mut last = 0;
     for r in &history.records {
         last = r.at;
         match &r.event {
-            Event::Acquired { key, token } => {
-                if let Some(prev) = open.remove(&r.task) {
-                    sections.push(prev);
+            Event::Acquired { key, token, hold } => {
+                // A new call's first key closes what an earlier call left open (no end event).
+                if !acquiring.get(&r.task).copied().unwrap_or(false)
+                    && let Some(prev) = open.remove(&r.task)
+                {
+                    sections.extend(prev);
                 }
-                open.insert(
-                    r.task,
-                    Section {
-                        process: p,
-                        task: r.task,
-                        key: key.clone(),
-                        token: *token,
-                        start: r.at,
-                        end: u64::MAX,
-                        lost: false,
-                    },
-                );
+                acquiring.insert(r.task, true);
+                open.entry(r.task).or_default().push(Section {
+                    process: p,
+                    task: r.task,
+                    key: key.clone(),
+                    token: *token,
+                    hold: *hold,
+                    start: r.at,
+                    end: u64::MAX,
+                    lost: false,
+                });
             }
-            Event::Done { write, valid, .. } => {
-                if let Some(section) = open.get_mut(&r.task) {
+            Event::Done {
+                key, write, valid, ..
+            } => {
+                acquiring.insert(r.task, false);
+                for section in open.get_mut(&r.task).into_iter().flatten() {
                     section.end = r.at;
-                    if *write == WriteOutcome::Accepted {
-                        *accepted_seen.entry(section.key.clone()).or_default() += 1;
-                    }
+                }
+                if *write == WriteOutcome::Accepted {
+                    *accepted_seen.entry(key.clone()).or_default() += 1;
                 }
                 report.count(format!("writes {write:?}").to_lowercase());
                 if !valid {
@@ -150,26 +160,41 @@ fn scan_process(
                 }
             }
             Event::Released { .. } => {
-                if let Some(section) = open.remove(&r.task) {
-                    sections.push(section);
+                acquiring.insert(r.task, false);
+                if let Some(list) = open.remove(&r.task) {
+                    sections.extend(list);
                 }
             }
             Event::Error { kind, .. } => {
+                acquiring.insert(r.task, false);
                 report.count(format!("error {kind}"));
-                if let Some(mut section) = open.remove(&r.task) {
+                for mut section in open.remove(&r.task).into_iter().flatten() {
                     section.lost = kind.starts_with("lock_lost");
                     section.end = section.end.min(r.at);
                     sections.push(section);
                 }
             }
+            Event::Invoke { .. } | Event::Busy { .. } => {
+                acquiring.insert(r.task, false);
+            }
             _ => {}
         }
     }
-    for (_, mut section) in open.drain() {
+    for mut section in open.into_values().flatten() {
         if section.end == u64::MAX {
             section.end = history.killed_at.unwrap_or(last);
         }
         sections.push(section);
+    }
+}
+
+/// Whether two sections on one key may not overlap.
+fn conflict(a: &Section, b: &Section) -> bool {
+    match (a.hold, b.hold) {
+        (Hold::Shared, Hold::Shared) => false,
+        // Counted per group, in `check_overlaps`.
+        (Hold::Permit(_), Hold::Permit(_)) => false,
+        _ => true,
     }
 }
 
@@ -189,37 +214,75 @@ fn check_overlaps(
         let mut active: Vec<&Section> = Vec::new();
         for s in list {
             active.retain(|a| a.end > s.start);
-            for a in &active {
-                let (from, to) = (s.start, a.end.min(s.end));
-                let paused = |x: &Section| {
-                    pauses[x.process]
+            // A holder that lost its lease, or did not run, explains an overlap with it.
+            let excused = |x: &Section, to: u64| {
+                x.lost
+                    || pauses[x.process]
                         .iter()
                         .any(|&(ps, pe)| ps < to && pe > x.start)
-                };
-                let data_loss = faults
+            };
+            let data_loss = |from: u64, to: u64| {
+                faults
                     .iter()
-                    .any(|f| f.kind.loses_data() && f.start < to && f.end + lease_ns > from);
+                    .any(|f| f.kind.loses_data() && f.start < to && f.end + lease_ns > from)
+            };
+            for a in active.iter().filter(|a| conflict(a, s)) {
+                let (from, to) = (s.start, a.end.min(s.end));
                 let reason = if a.lost || s.lost {
                     "a reported LockLost"
-                } else if paused(a) || paused(s) {
+                } else if excused(a, to) || excused(s, to) {
                     "a paused holder"
-                } else if data_loss {
+                } else if data_loss(from, to) {
                     "a data-losing fault"
                 } else {
                     report.violations.push(format!(
-                        "unexplained overlap on {key}: process {} task {} (token {}, {:.1}..{:.1} ms) \
-                         and process {} task {} (token {}, {:.1}..{:.1} ms) overlap for {:.1} ms",
-                        a.process, a.task, a.token, as_ms(a.start), as_ms(a.end),
-                        s.process, s.task, s.token, as_ms(s.start), as_ms(s.end),
+                        "unexplained overlap on {key}: {} and {} overlap for {:.1} ms",
+                        describe(a),
+                        describe(s),
                         as_ms(to.saturating_sub(from)),
                     ));
                     continue;
                 };
                 report.count(format!("overlaps explained by {reason}"));
             }
+            if let Hold::Permit(permits) = s.hold {
+                // Everybody active now holds a permit of this key, as `s` does.
+                let to = active.iter().map(|a| a.end).fold(s.end, u64::min);
+                let counted: Vec<&Section> = active
+                    .iter()
+                    .copied()
+                    .chain([s])
+                    .filter(|x| !excused(x, to))
+                    .collect();
+                if active.len() + 1 > permits as usize {
+                    if counted.len() > permits as usize && !data_loss(s.start, to) {
+                        let holders: Vec<String> = counted.iter().map(|x| describe(x)).collect();
+                        report.violations.push(format!(
+                            "{} holders of {key} at once, {permits} permits: {}",
+                            counted.len(),
+                            holders.join(", ")
+                        ));
+                    } else {
+                        report.count("permits over the limit, explained");
+                    }
+                }
+            }
             active.push(s);
         }
     }
+}
+
+/// A section for a violation message.
+fn describe(s: &Section) -> String {
+    format!(
+        "process {} task {} ({}, token {}, {:.1}..{:.1} ms)",
+        s.process,
+        s.task,
+        s.hold,
+        s.token,
+        as_ms(s.start),
+        as_ms(s.end)
+    )
 }
 
 /// A fencing token must never be granted twice for one key (it would let two holders past the
@@ -235,7 +298,7 @@ fn check_tokens(
     let mut seen: HashMap<(&str, u64), &Section> = HashMap::new();
     let mut sorted: Vec<&Section> = sections.iter().collect();
     sorted.sort_by_key(|s| s.start);
-    for s in sorted {
+    for s in sorted.into_iter().filter(|s| s.token != 0) {
         if let Some(first) = seen.insert((s.key.as_str(), s.token), s) {
             let data_loss = faults
                 .iter()
@@ -305,7 +368,7 @@ fn check_store(
     accepted_seen: &HashMap<String, i64>,
     report: &mut Report,
 ) {
-    for key in all_keys() {
+    for key in store_keys() {
         let state = store.get(key).cloned().unwrap_or_default();
         if state.value != state.accepted {
             report.violations.push(format!(
@@ -374,6 +437,137 @@ mod tests {
             }],
             killed_at: None,
         }
+    }
+
+    fn section(process: usize, key: &str, hold: Hold, span: (u64, u64), lost: bool) -> Section {
+        Section {
+            process,
+            task: 0,
+            key: key.into(),
+            token: process as u64 + 1,
+            hold,
+            start: span.0 * MS,
+            end: span.1 * MS,
+            lost,
+        }
+    }
+
+    fn overlap_violations(sections: &[Section]) -> Vec<String> {
+        let mut report = Report::default();
+        let pauses = vec![Vec::new(); 8];
+        check_overlaps(sections, &pauses, &[], 300 * MS, &mut report);
+        report.violations
+    }
+
+    /// Readers may overlap each other, never a writer; a writer overlapping a reader is
+    /// explained by the reader's reported loss.
+    #[test]
+    fn readers_share_and_writers_do_not() {
+        let read = |p, span| section(p, "rw-0", Hold::Shared, span, false);
+        let write = |p, span, lost| section(p, "rw-0", Hold::Exclusive, span, lost);
+        assert!(overlap_violations(&[read(0, (0, 10)), read(1, (5, 15))]).is_empty());
+        assert_eq!(
+            overlap_violations(&[read(0, (0, 10)), write(1, (5, 15), false)]).len(),
+            1
+        );
+        assert_eq!(
+            overlap_violations(&[write(0, (0, 10), false), read(1, (5, 15))]).len(),
+            1
+        );
+        assert!(overlap_violations(&[read(0, (0, 10)), write(1, (5, 15), true)]).is_empty());
+        assert!(overlap_violations(&[read(0, (0, 10)), write(1, (10, 15), false)]).is_empty());
+    }
+
+    /// A semaphore key with 2 permits: 2 holders at once are fine, 3 are a violation unless one
+    /// of them lost its lease.
+    #[test]
+    fn permits_are_counted_per_key() {
+        let permit = |p, span, lost| section(p, "sem-0", Hold::Permit(2), span, lost);
+        assert!(
+            overlap_violations(&[permit(0, (0, 10), false), permit(1, (5, 15), false)]).is_empty()
+        );
+        let three = [
+            permit(0, (0, 10), false),
+            permit(1, (2, 15), false),
+            permit(2, (5, 20), false),
+        ];
+        assert_eq!(overlap_violations(&three).len(), 1);
+        let mut explained = three.clone();
+        explained[1].lost = true;
+        assert!(overlap_violations(&explained).is_empty());
+        let other_key = [
+            permit(0, (0, 10), false),
+            permit(1, (2, 15), false),
+            section(2, "sem-1", Hold::Permit(2), (5, 20), false),
+        ];
+        assert!(overlap_violations(&other_key).is_empty());
+    }
+
+    /// `with_locks` records one section per key; a later key's unknown token (0) is not
+    /// counted as a token granted twice.
+    #[test]
+    fn several_keys_of_one_call_are_sections_of_their_own() {
+        let records = vec![
+            Record {
+                at: MS,
+                task: 0,
+                event: Event::Acquired {
+                    key: "hot-0".into(),
+                    token: 4,
+                    hold: Hold::Exclusive,
+                },
+            },
+            Record {
+                at: MS,
+                task: 0,
+                event: Event::Acquired {
+                    key: "cold-1".into(),
+                    token: 0,
+                    hold: Hold::Exclusive,
+                },
+            },
+            Record {
+                at: 3 * MS,
+                task: 0,
+                event: Event::Released {
+                    key: "hot-0".into(),
+                },
+            },
+        ];
+        let histories: Vec<ProcessHistory> = ["w0g0", "w1g0"]
+            .into_iter()
+            .map(|name| ProcessHistory {
+                name: name.into(),
+                records: records.clone(),
+                killed_at: None,
+            })
+            .collect();
+        let mut sections = Vec::new();
+        let mut report = Report::default();
+        scan_process(
+            0,
+            &histories[0],
+            &mut sections,
+            &mut HashMap::new(),
+            &mut report,
+        );
+        let keys: Vec<&str> = sections.iter().map(|s| s.key.as_str()).collect();
+        assert_eq!(keys, ["hot-0", "cold-1"]);
+        // The same call again, by another process, overlapping on `cold-1` only.
+        let mut second = Vec::new();
+        scan_process(
+            1,
+            &histories[1],
+            &mut second,
+            &mut HashMap::new(),
+            &mut report,
+        );
+        second[0].key = "hot-1".into();
+        sections.extend(second);
+        let mut report = Report::default();
+        check_tokens(&sections, &histories, &[], &mut report);
+        assert!(report.violations.is_empty(), "{:?}", report.violations);
+        assert_eq!(overlap_violations(&sections).len(), 1);
     }
 
     /// A loss its process records on resuming from a pause is explained by the pause, also a

@@ -9,6 +9,7 @@ use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use super::Primitive;
 use super::clock::now_ns;
 use super::history::{Event, Record};
 
@@ -22,6 +23,7 @@ pub struct Spawn {
     pub store_port: u16,
     pub lease: Duration,
     pub seed: u64,
+    pub primitives: Vec<Primitive>,
 }
 
 /// One live worker process.
@@ -96,6 +98,7 @@ impl Fleet {
             .args(["--lease-ms", &s.lease.as_millis().to_string()])
             .args(["--seed", &seed.to_string()])
             .args(["--slot", &slot.to_string()])
+            .args(["--primitives", &Primitive::list_text(&s.primitives)])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(stderr_file)

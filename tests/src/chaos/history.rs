@@ -27,6 +27,8 @@ pub enum WriteOutcome {
     ReadRejected,
     /// The store call failed.
     Failed,
+    /// The section does not write (a reader, a permit holder).
+    NoWrite,
 }
 
 impl WriteOutcome {
@@ -36,6 +38,7 @@ impl WriteOutcome {
             WriteOutcome::Rejected => "rejected",
             WriteOutcome::ReadRejected => "read-rejected",
             WriteOutcome::Failed => "failed",
+            WriteOutcome::NoWrite => "no-write",
         }
     }
 }
@@ -48,10 +51,47 @@ impl FromStr for WriteOutcome {
             WriteOutcome::Rejected,
             WriteOutcome::ReadRejected,
             WriteOutcome::Failed,
+            WriteOutcome::NoWrite,
         ]
         .into_iter()
         .find(|o| o.name() == s)
         .ok_or_else(|| format!("unknown write outcome {s:?}"))
+    }
+}
+
+/// How a critical section holds its key: what it may overlap with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// Alone (the mutex, a writer, each key of `with_locks`).
+    Exclusive,
+    /// With other readers, never with a writer.
+    Shared,
+    /// With at most `n - 1` other permit holders.
+    Permit(u32),
+}
+
+impl fmt::Display for Hold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Hold::Exclusive => write!(f, "x"),
+            Hold::Shared => write!(f, "r"),
+            Hold::Permit(n) => write!(f, "p{n}"),
+        }
+    }
+}
+
+impl FromStr for Hold {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "x" => Ok(Hold::Exclusive),
+            "r" => Ok(Hold::Shared),
+            _ => s
+                .strip_prefix('p')
+                .and_then(|n| n.parse().ok())
+                .map(Hold::Permit)
+                .ok_or_else(|| format!("unknown hold {s:?}")),
+        }
     }
 }
 
@@ -62,8 +102,9 @@ pub enum Event {
     Start(u32),
     /// A `with_lock` (`try` = `try_with_lock`) call on `key` begins.
     Invoke { key: String, try_lock: bool },
-    /// The body started holding `key` with this fencing token.
-    Acquired { key: String, token: u64 },
+    /// The body started holding `key` with this fencing token (0: not known, for the later
+    /// keys of `with_locks`).
+    Acquired { key: String, token: u64, hold: Hold },
     /// The body finished its fenced read-modify-write; `valid`: the lease was still valid then.
     Done {
         key: String,
@@ -97,7 +138,7 @@ impl fmt::Display for Record {
         match &self.event {
             Event::Start(pid) => write!(f, "start {pid}"),
             Event::Invoke { key, try_lock } => write!(f, "invoke {key} {}", u8::from(*try_lock)),
-            Event::Acquired { key, token } => write!(f, "acquired {key} {token}"),
+            Event::Acquired { key, token, hold } => write!(f, "acquired {key} {token} {hold}"),
             Event::Done {
                 key,
                 token,
@@ -140,6 +181,11 @@ impl FromStr for Record {
             Some("acquired") => Event::Acquired {
                 key: key()?,
                 token: field(&parts, 4, line)?,
+                // Histories written before holds were recorded hold exclusively.
+                hold: match parts.get(5) {
+                    Some(_) => field(&parts, 5, line)?,
+                    None => Hold::Exclusive,
+                },
             },
             Some("done") => Event::Done {
                 key: key()?,
@@ -244,6 +290,23 @@ mod tests {
             Event::Acquired {
                 key: "hot-0".into(),
                 token: 7,
+                hold: Hold::Exclusive,
+            },
+            Event::Acquired {
+                key: "rw-0".into(),
+                token: 8,
+                hold: Hold::Shared,
+            },
+            Event::Acquired {
+                key: "sem-1".into(),
+                token: 0,
+                hold: Hold::Permit(2),
+            },
+            Event::Done {
+                key: "sem-1".into(),
+                token: 0,
+                write: WriteOutcome::NoWrite,
+                valid: true,
             },
             Event::Done {
                 key: "hot-0".into(),
@@ -265,5 +328,16 @@ mod tests {
             };
             assert_eq!(record.to_string().parse::<Record>(), Ok(record));
         }
+        let earlier: Record = "5 1 acquired hot-0 3"
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            earlier.event,
+            Event::Acquired {
+                key: "hot-0".into(),
+                token: 3,
+                hold: Hold::Exclusive
+            }
+        );
     }
 }

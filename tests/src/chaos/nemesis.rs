@@ -13,7 +13,7 @@ use super::deploy::{Deployment, LockServers};
 use super::faults::{Class, FaultKind, FaultRecord, Planned};
 use super::fleet::Fleet;
 use super::proxy::Mode;
-use super::{HOT_KEYS, NAMESPACE, all_keys};
+use super::{HOT_KEYS, NAMESPACE};
 use crate::{Reply, SENTINEL_SERVICE, Server, key_slot};
 
 /// How long a topology change (failover, restart) may take before the run fails.
@@ -26,16 +26,24 @@ pub struct Nemesis<'a> {
     pub fleet: &'a Mutex<Fleet>,
     /// Faults planned to start after this are skipped.
     pub until: Instant,
+    /// The lock keys whose slots may be migrated.
+    keys: Vec<&'static str>,
     records: Mutex<Vec<FaultRecord>>,
     classes: [Mutex<()>; 3],
 }
 
 impl<'a> Nemesis<'a> {
-    pub fn new(deploy: &'a Deployment, fleet: &'a Mutex<Fleet>, until: Instant) -> Self {
+    pub fn new(
+        deploy: &'a Deployment,
+        fleet: &'a Mutex<Fleet>,
+        until: Instant,
+        keys: Vec<&'static str>,
+    ) -> Self {
         Nemesis {
             deploy,
             fleet,
             until,
+            keys,
             records: Mutex::new(Vec::new()),
             classes: [Mutex::new(()), Mutex::new(()), Mutex::new(())],
         }
@@ -175,8 +183,11 @@ impl<'a> Nemesis<'a> {
                 setup.sentinels[0]
                     .cmd(&["SENTINEL", "FAILOVER", SENTINEL_SERVICE])?
                     .into_result()?;
-                let new = setup.wait_for_failover(old, TOPOLOGY_TIMEOUT)?;
-                Ok((format!("{old} -> {new}"), None))
+                // Accepted by Sentinel, it is a fault even if it does not complete in time.
+                match setup.wait_for_failover(old, TOPOLOGY_TIMEOUT) {
+                    Ok(new) => Ok((format!("{old} -> {new}"), None)),
+                    Err(e) => Ok((format!("{old}, did not complete: {e}"), None)),
+                }
             }
             FaultKind::ClusterFailover => self.cluster_failover(p.pick),
             FaultKind::SlotMigration => self.migrate_slot(p.pick),
@@ -224,8 +235,15 @@ impl<'a> Nemesis<'a> {
             .live_replica_of(primary)
             .map_err(|_| format!("{primary} has no live replica"))?;
         replica.cmd(&["CLUSTER", "FAILOVER"])?.into_result()?;
-        let new = cluster.wait_for_failover(primary, TOPOLOGY_TIMEOUT)?;
-        Ok((format!("slot {slot}: {primary} -> {new}"), None))
+        // Once sent, the failover is a fault even if it does not complete: a manual failover
+        // pauses the primary's writers while the replica catches up.
+        match cluster.wait_for_failover(primary, TOPOLOGY_TIMEOUT) {
+            Ok(new) => Ok((format!("slot {slot}: {primary} -> {new}"), None)),
+            Err(e) => Ok((
+                format!("slot {slot}: {primary}, did not complete: {e}"),
+                None,
+            )),
+        }
     }
 
     /// Moves the slot of a lock key to another primary: IMPORTING/MIGRATING, a pause so that
@@ -234,7 +252,7 @@ impl<'a> Nemesis<'a> {
         let LockServers::Cluster(cluster) = &self.deploy.lock else {
             return Err("not a cluster".to_owned());
         };
-        let keys: Vec<&str> = all_keys().collect();
+        let keys = &self.keys;
         let key = keys[usize::try_from(pick % keys.len() as u64).unwrap_or(0)];
         let slot = key_slot(&LockClient::server_key(NAMESPACE, key));
         let topology = cluster.topology()?;

@@ -11,7 +11,7 @@ use super::deploy::Deployment;
 use super::faults::{self, FaultKind};
 use super::fleet::{Fleet, Spawn};
 use super::nemesis::Nemesis;
-use super::{Topology, all_keys, history, store};
+use super::{Primitive, Topology, history, locked_keys, store, store_keys};
 use crate::ServerKind;
 
 /// Worker processes per run.
@@ -31,6 +31,8 @@ pub struct RunArgs {
     pub exe: PathBuf,
     /// Fault kinds left out of the schedule.
     pub without: Vec<FaultKind>,
+    /// The primitives the workers exercise.
+    pub primitives: Vec<Primitive>,
 }
 
 /// Runs the whole suite; returns the process exit code.
@@ -57,6 +59,7 @@ pub fn coordinate(args: &RunArgs) -> Result<i32, String> {
             store_port: deploy.store.port(),
             lease: args.lease,
             seed: args.seed,
+            primitives: args.primitives.clone(),
         },
         WORKERS,
     )?;
@@ -73,7 +76,8 @@ pub fn coordinate(args: &RunArgs) -> Result<i32, String> {
     );
     let started = Instant::now();
     let until = started + Duration::from_secs(args.seconds);
-    let records = Nemesis::new(&deploy, &fleet, until).run(&plan, started);
+    let records =
+        Nemesis::new(&deploy, &fleet, until, locked_keys(&args.primitives)).run(&plan, started);
     let nemesis_end = super::clock::now_ns();
     write_faults(&dir, &records, nemesis_end);
     // Quiet period: the deployment heals, the workers carry on without faults.
@@ -142,7 +146,7 @@ pub fn coordinate(args: &RunArgs) -> Result<i32, String> {
         }
     }
     let mut store_state = HashMap::new();
-    for key in all_keys() {
+    for key in store_keys() {
         store_state.insert(key.to_owned(), store::snapshot(deploy.store.port(), key)?);
     }
     let mut report = checker::check(&histories, &records, &store_state, args.lease);
@@ -160,13 +164,14 @@ pub fn coordinate(args: &RunArgs) -> Result<i32, String> {
         .map(|(k, n)| format!("{} {n}", k.name()))
         .collect();
     println!(
-        "chaos: {} {} for {} s, seed {}, lease {} ms, {WORKERS} workers x {} tasks",
+        "chaos: {} {} for {} s, seed {}, lease {} ms, {WORKERS} workers x {} tasks, primitives {}",
         args.topology.name(),
         args.kind.name(),
         args.seconds,
         args.seed,
         args.lease.as_millis(),
-        super::TASKS_PER_WORKER
+        super::TASKS_PER_WORKER,
+        Primitive::list_text(&args.primitives)
     );
     println!("chaos: faults: {}", kinds.join(", "));
     for (what, n) in &report.counts {
@@ -196,8 +201,9 @@ pub fn coordinate(args: &RunArgs) -> Result<i32, String> {
     if failed || keep || !report.late_losses.is_empty() {
         deploy.copy_logs(&dir);
         println!(
-            "chaos: replay with --seed {}; histories in {}",
+            "chaos: replay with --seed {} --primitives {}; histories in {}",
             args.seed,
+            Primitive::list_text(&args.primitives),
             dir.display()
         );
     }

@@ -13,12 +13,16 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
-use sage_lock::{LockClient, LockError, LockOptions, Locks, LossReason, TimeoutReason};
+use sage_lock::{
+    LockClient, LockError, LockOptions, Locks, LossReason, RwLocks, Semaphores, TimeoutReason,
+};
 use tokio::sync::Notify;
 
-use super::history::{Event, History, PROCESS, WriteOutcome, field_text};
+use super::history::{Event, History, Hold, PROCESS, WriteOutcome, field_text};
 use super::store::StoreClient;
-use super::{COLD_KEYS, HOT_KEYS, NAMESPACE, TASKS_PER_WORKER};
+use super::{
+    COLD_KEYS, HOT_KEYS, NAMESPACE, PERMITS, Primitive, RW_KEYS, SEM_KEYS, TASKS_PER_WORKER,
+};
 
 /// A runtime pause longer than this is recorded as a stall.
 const STALL: Duration = Duration::from_millis(60);
@@ -35,6 +39,8 @@ pub struct WorkerArgs {
     pub seed: u64,
     /// Worker slot (the probe key is per slot).
     pub slot: u32,
+    /// What the tasks lock (at least one).
+    pub primitives: Vec<Primitive>,
 }
 
 /// Runs the worker until told to stop; `Err` only when it cannot start.
@@ -51,6 +57,13 @@ pub async fn run(args: WorkerArgs) -> Result<(), String> {
     let locks = client
         .lock_with::<str>(LockOptions::new().namespace(NAMESPACE).lease(args.lease))
         .map_err(|e| format!("lock options: {e}"))?;
+    let options = LockOptions::new().namespace(NAMESPACE).lease(args.lease);
+    let rw = client
+        .rw_lock_with::<str>(options.clone())
+        .map_err(|e| format!("read-write lock options: {e}"))?;
+    let sem = client
+        .semaphore_with::<str>(PERMITS, options)
+        .map_err(|e| format!("semaphore options: {e}"))?;
     let store = Arc::new(StoreClient::connect(args.store_port).await?);
 
     let mut tasks = Vec::new();
@@ -58,6 +71,9 @@ pub async fn run(args: WorkerArgs) -> Result<(), String> {
         let ctx = TaskCtx {
             task,
             locks: locks.clone(),
+            rw: rw.clone(),
+            sem: sem.clone(),
+            primitives: args.primitives.clone(),
             store: store.clone(),
             history: history.clone(),
             lease: args.lease,
@@ -154,18 +170,52 @@ async fn probe(locks: &Locks<str>, history: &History, slot: u32, lease: Duration
 struct TaskCtx {
     task: u32,
     locks: Locks<str>,
+    rw: RwLocks<str>,
+    sem: Semaphores<str>,
+    primitives: Vec<Primitive>,
     store: Arc<StoreClient>,
     history: Arc<History>,
     lease: Duration,
 }
 
+/// One call a task makes.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Mutex(&'static str),
+    /// Two distinct mutex keys, in the caller's order.
+    Multi(&'static str, &'static str),
+    Read(&'static str),
+    Write(&'static str),
+    Permit(&'static str),
+}
+
 impl TaskCtx {
     async fn run(self, mut rng: StdRng, stop: Arc<AtomicBool>, stopped: Arc<Notify>) {
         while !stop.load(Ordering::SeqCst) {
-            let key = if rng.random_bool(0.7) {
-                HOT_KEYS[rng.random_range(0..HOT_KEYS.len())]
-            } else {
-                COLD_KEYS[rng.random_range(0..COLD_KEYS.len())]
+            // Drawn only when there is a choice, so a mutex-only run replays earlier seeds.
+            let primitive = match self.primitives.as_slice() {
+                [one] => *one,
+                list => list[rng.random_range(0..list.len())],
+            };
+            let op = match primitive {
+                Primitive::Mutex => Op::Mutex(mutex_key(&mut rng)),
+                Primitive::Multi => {
+                    let first = mutex_key(&mut rng);
+                    let mut second = mutex_key(&mut rng);
+                    while second == first {
+                        second = mutex_key(&mut rng);
+                    }
+                    Op::Multi(first, second)
+                }
+                Primitive::RwLock => {
+                    let key = RW_KEYS[rng.random_range(0..RW_KEYS.len())];
+                    if rng.random_bool(0.6) {
+                        Op::Read(key)
+                    } else {
+                        Op::Write(key)
+                    }
+                }
+                Primitive::Semaphore => Op::Permit(SEM_KEYS[rng.random_range(0..SEM_KEYS.len())]),
             };
             let try_lock = rng.random_bool(0.2);
             // Most bodies are short; some span several renewals.
@@ -175,7 +225,7 @@ impl TaskCtx {
                 _ => self.lease.mul_f64(rng.random_range(1.0..2.5)),
             };
             let wait = self.lease.mul_f64(rng.random_range(0.5..3.0));
-            self.once(key, try_lock, hold, wait).await;
+            self.once(op, try_lock, hold, wait).await;
             let pause = Duration::from_millis(rng.random_range(0..20));
             tokio::select! {
                 () = tokio::time::sleep(pause) => {}
@@ -184,7 +234,14 @@ impl TaskCtx {
         }
     }
 
-    async fn once(&self, key: &str, try_lock: bool, hold: Duration, wait: Duration) {
+    async fn once(&self, op: Op, try_lock: bool, hold: Duration, wait: Duration) {
+        let key = match op {
+            Op::Mutex(key)
+            | Op::Multi(key, _)
+            | Op::Read(key)
+            | Op::Write(key)
+            | Op::Permit(key) => key,
+        };
         self.history.record(
             self.task,
             Event::Invoke {
@@ -192,11 +249,37 @@ impl TaskCtx {
                 try_lock,
             },
         );
-        let body = self.body(key, hold);
-        let result = if try_lock {
-            self.locks.try_with_lock(key, body).await
-        } else {
-            self.locks.with_lock(key, wait, body).await.map(Some)
+        let result = match (op, try_lock) {
+            (Op::Mutex(key), true) => self.locks.try_with_lock(key, self.body(op, hold)).await,
+            (Op::Mutex(key), false) => self
+                .locks
+                .with_lock(key, wait, self.body(op, hold))
+                .await
+                .map(Some),
+            (Op::Multi(a, b), true) => {
+                self.locks
+                    .try_with_locks(&[a, b], self.body(op, hold))
+                    .await
+            }
+            (Op::Multi(a, b), false) => self
+                .locks
+                .with_locks(&[a, b], wait, self.body(op, hold))
+                .await
+                .map(Some),
+            (Op::Read(key), true) => self.rw.try_read(key, self.body(op, hold)).await,
+            (Op::Read(key), false) => self.rw.read(key, wait, self.body(op, hold)).await.map(Some),
+            (Op::Write(key), true) => self.rw.try_write(key, self.body(op, hold)).await,
+            (Op::Write(key), false) => self
+                .rw
+                .write(key, wait, self.body(op, hold))
+                .await
+                .map(Some),
+            (Op::Permit(key), true) => self.sem.try_acquire(key, self.body(op, hold)).await,
+            (Op::Permit(key), false) => self
+                .sem
+                .acquire(key, wait, self.body(op, hold))
+                .await
+                .map(Some),
         };
         let event = match result {
             Ok(Some(())) => Event::Released {
@@ -215,28 +298,47 @@ impl TaskCtx {
         self.history.record(self.task, event);
     }
 
-    /// The critical section: fenced read, hold, fenced write of the value plus one.
-    async fn body(&self, key: &str, hold: Duration) {
+    /// The critical section. Exclusive holders (the mutex, a writer, the first key of
+    /// `with_locks`) do a fenced read, hold, and a fenced write of the value plus one; readers
+    /// and permit holders only hold. Every key held is recorded as acquired first.
+    async fn body(&self, op: Op, hold: Duration) {
         let lease = sage_lock::current_lease();
         let token = lease.as_ref().map_or(0, sage_lock::Lease::fencing_token);
-        self.history.record(
-            self.task,
-            Event::Acquired {
-                key: key.to_owned(),
-                token,
-            },
-        );
-        let write = match self.store.read(key, token).await {
-            Ok(Some(value)) => {
-                tokio::time::sleep(hold).await;
-                match self.store.write(key, token, value + 1).await {
-                    Ok(true) => WriteOutcome::Accepted,
-                    Ok(false) => WriteOutcome::Rejected,
-                    Err(_) => WriteOutcome::Failed,
-                }
+        let acquired = |key: &str, token, hold| {
+            self.history.record(
+                self.task,
+                Event::Acquired {
+                    key: key.to_owned(),
+                    token,
+                    hold,
+                },
+            );
+        };
+        let (key, writes) = match op {
+            Op::Mutex(key) | Op::Write(key) => {
+                acquired(key, token, Hold::Exclusive);
+                (key, true)
             }
-            Ok(None) => WriteOutcome::ReadRejected,
-            Err(_) => WriteOutcome::Failed,
+            Op::Multi(first, second) => {
+                // `current_lease()` is the first key's; the second's token is not known.
+                acquired(first, token, Hold::Exclusive);
+                acquired(second, 0, Hold::Exclusive);
+                (first, true)
+            }
+            Op::Read(key) => {
+                acquired(key, token, Hold::Shared);
+                (key, false)
+            }
+            Op::Permit(key) => {
+                acquired(key, token, Hold::Permit(PERMITS));
+                (key, false)
+            }
+        };
+        let write = if writes {
+            self.read_modify_write(key, token, hold).await
+        } else {
+            tokio::time::sleep(hold).await;
+            WriteOutcome::NoWrite
         };
         self.history.record(
             self.task,
@@ -247,6 +349,31 @@ impl TaskCtx {
                 valid: lease.as_ref().is_some_and(sage_lock::Lease::is_valid),
             },
         );
+    }
+
+    /// Fenced read, hold, fenced write of the value plus one.
+    async fn read_modify_write(&self, key: &str, token: u64, hold: Duration) -> WriteOutcome {
+        match self.store.read(key, token).await {
+            Ok(Some(value)) => {
+                tokio::time::sleep(hold).await;
+                match self.store.write(key, token, value + 1).await {
+                    Ok(true) => WriteOutcome::Accepted,
+                    Ok(false) => WriteOutcome::Rejected,
+                    Err(_) => WriteOutcome::Failed,
+                }
+            }
+            Ok(None) => WriteOutcome::ReadRejected,
+            Err(_) => WriteOutcome::Failed,
+        }
+    }
+}
+
+/// A mutex key: hot most of the time.
+fn mutex_key(rng: &mut StdRng) -> &'static str {
+    if rng.random_bool(0.7) {
+        HOT_KEYS[rng.random_range(0..HOT_KEYS.len())]
+    } else {
+        COLD_KEYS[rng.random_range(0..COLD_KEYS.len())]
     }
 }
 
