@@ -21,8 +21,16 @@ use crate::retry::remaining;
 pub(crate) enum PoolError {
     /// Every connection stayed busy until the deadline.
     Exhausted,
-    /// A new connection failed to connect.
+    /// A new connection failed to connect, or did not connect before the deadline.
     Connect(fred::error::Error),
+}
+
+/// A new dedicated connection that did not connect within `waited`.
+fn connect_timeout(waited: Duration) -> fred::error::Error {
+    fred::error::Error::new(
+        fred::error::ErrorKind::Timeout,
+        format!("a new dedicated connection did not connect within {waited:?}"),
+    )
 }
 
 /// What a pooled connection owns besides its client: the task that drives it (aborted when the
@@ -139,7 +147,8 @@ impl DedicatedPool {
         match tokio::time::timeout(connect_time, loan.conn.wait_for_connect()).await {
             Ok(Ok(())) => {}
             Ok(Err(error)) => return Err(PoolError::Connect(error)),
-            Err(_) => return Err(PoolError::Exhausted),
+            // The pool had room: the server did not answer in time (a transient failure).
+            Err(_) => return Err(PoolError::Connect(connect_timeout(connect_time))),
         }
         if !loan.conn.is_clustered() {
             let id = tokio::time::timeout(
