@@ -255,15 +255,17 @@ fn check_overlaps(
                     .filter(|x| !excused(x, to))
                     .collect();
                 if active.len() + 1 > permits as usize {
-                    if counted.len() > permits as usize && !data_loss(s.start, to) {
+                    if counted.len() <= permits as usize {
+                        report.count("permits over the limit, explained by lost or paused holders");
+                    } else if data_loss(s.start, to) {
+                        report.count("permits over the limit, explained by a data-losing fault");
+                    } else {
                         let holders: Vec<String> = counted.iter().map(|x| describe(x)).collect();
                         report.violations.push(format!(
                             "{} holders of {key} at once, {permits} permits: {}",
                             counted.len(),
                             holders.join(", ")
                         ));
-                    } else {
-                        report.count("permits over the limit, explained");
                     }
                 }
             }
