@@ -380,11 +380,18 @@ fn deliver_message(shared: &Shared, channel: &[u8], payload: &fred::types::Value
 }
 
 /// Wakes the local waiter named `head` (storing its grant), once per head (a release's reply
-/// and its message both name it).
+/// and its message both name it). An empty `head` (a release of a primitive without a queue,
+/// see `Rules::release_announcement`) wakes the channel's waiter, whoever it is, to retry.
 fn deliver(shared: &Shared, channel: &[u8], head: &[u8], grant: Option<Grant>) {
     if let Ok(mut channels) = shared.channels.lock()
         && let Some(entry) = channels.get_mut(channel)
     {
+        if head.is_empty() {
+            if entry.users > 0 {
+                entry.wake.notify_one();
+            }
+            return;
+        }
         if entry.last.as_ref().is_some_and(|(last, _)| last == head) {
             return;
         }
@@ -490,6 +497,23 @@ mod tests {
         deliver_message(&notifier.shared, b"{l:a}:released", &"mine".into());
         let again = tokio::time::timeout(Duration::from_millis(20), watch.notified()).await;
         assert!(again.is_err(), "woken twice for one release");
+    }
+
+    /// A release of a primitive without a queue names nobody: its empty message wakes the
+    /// channel's waiter, every time (no duplicate suppression), and grants nothing.
+    #[tokio::test]
+    async fn an_empty_message_wakes_the_channels_waiter() {
+        let notifier = Notifier::new(Client::default());
+        let watch = notifier.watch(b"{l:a}:w}", Bytes::from_static(b"mine"));
+        for _ in 0..2 {
+            deliver_message(&notifier.shared, b"{l:a}:w}:released", &"".into());
+            let woken = tokio::time::timeout(Duration::from_millis(200), watch.notified()).await;
+            assert!(woken.is_ok(), "not woken by an announced release");
+            assert_eq!(watch.take_grant(), None);
+        }
+        deliver_message(&notifier.shared, b"{l:a}:released", &"".into());
+        let other = tokio::time::timeout(Duration::from_millis(20), watch.notified()).await;
+        assert!(other.is_err(), "woken by another channel's release");
     }
 
     #[tokio::test]

@@ -225,6 +225,13 @@ async fn acquire_loop(
     let waiting = matches!(mode, Mode::Wait(_));
     // Whether this primitive queues waiters on the server and notifies the head on release.
     let queued = waiting && rules.notifies();
+    // A primitive without a queue may announce its releases instead: the key whose channel to
+    // watch while waiting.
+    let announced = if waiting && !queued {
+        rules.release_announcement(keys)
+    } else {
+        None
+    };
     let mut watch: Option<Watch<'_>> = None;
     let mut subscribed = false;
     // When the last attempt that found the lock busy (and so queued) was sent: a release can
@@ -383,9 +390,10 @@ async fn acquire_loop(
                     }
                     continue;
                 }
-                if queued && !subscribed {
+                if (queued || announced.is_some()) && !subscribed {
                     let watch = watch.get_or_insert_with(|| {
-                        engine.notifier.watch(&keys.lock, held.token.clone())
+                        let key = announced.as_ref().unwrap_or(&keys.lock);
+                        engine.notifier.watch(key, held.token.clone())
                     });
                     let limit = deadline.min(Instant::now() + Duration::from_secs(1));
                     match Box::pin(watch.subscribe(limit)).await {
@@ -428,7 +436,7 @@ async fn acquire_loop(
         }
         // Never sleep past the deadline, nor (much) past the moment the holder's lease ends.
         let limit = holder_pttl.map_or(left, |pttl| left.min(pttl.max(Duration::from_millis(1))));
-        let delay = if busy && subscribed {
+        let delay = if busy && subscribed && queued {
             // The release names the next owner; poll only to refresh the queue place and in
             // case a notification is lost.
             limit.min(QUEUED_POLL)

@@ -110,6 +110,13 @@ pub(crate) trait Rules: Send + Sync + fmt::Debug {
     fn notifies(&self) -> bool {
         false
     }
+    /// For a primitive without a waiter queue: the key whose release channel
+    /// ([`crate::notify::channel`]) every release publishes an empty message on, so waiters in
+    /// any process retry at once instead of at their next poll. `None` (the default): none.
+    fn release_announcement(&self, keys: &LockKeys) -> Option<Bytes> {
+        let _ = keys;
+        None
+    }
     /// The key a hold granted without waiting may be released from with a plain `DELIFEQ key
     /// token` (where the server has it) instead of the release call: the primitive's scripts
     /// change the key's value once anybody queues behind the holder, so the command deletes

@@ -7,7 +7,8 @@
 //! its intent in `{ns:k}:wi` for [`WRITER_INTENT`], refreshed by each of its attempts: new
 //! readers wait while it is there, so a stream of readers cannot starve a waiting writer, and a
 //! writer that dies while waiting blocks readers for at most that long. Every grant (readers and
-//! writers) increments the fencing counter `{ns:k}:fence`.
+//! writers) increments the fencing counter `{ns:k}:fence`. Every release is announced on
+//! `{ns:k}:w}:released` (an empty message), so waiters in any process try again at once.
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -109,20 +110,32 @@ redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
 return {1, redis.call('INCR', KEYS[2])}
 ";
 
-/// Read release: removes the token from the reader set. Replies 1 or 0.
+/// Read release. `KEYS`: readers; `ARGV`: token, release channel. Removes the token from the
+/// reader set and, if it was there, announces the release (an empty message). Replies 1 or 0.
 const READ_RELEASE: &str = r"
-return redis.call('ZREM', KEYS[1], ARGV[1])
+local released = redis.call('ZREM', KEYS[1], ARGV[1])
+if released == 1 then
+  redis.pcall('SPUBLISH', ARGV[2], '')
+end
+return released
 ";
 
-/// Write release. `KEYS`: writer, intent. Deletes the writer key and the intent where they hold
-/// this token; replies 1 when the writer key was ours.
+/// Write release. `KEYS`: writer, intent; `ARGV`: token, release channel. Deletes the writer
+/// key and the intent where they hold this token and, if either did, announces the release (an
+/// empty message); replies 1 when the writer key was ours.
 const WRITE_RELEASE: &str = r"
 local released = 0
+local freed = false
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   released = redis.call('DEL', KEYS[1])
+  freed = true
 end
 if redis.call('GET', KEYS[2]) == ARGV[1] then
   redis.call('DEL', KEYS[2])
+  freed = true
+end
+if freed then
+  redis.pcall('SPUBLISH', ARGV[2], '')
 end
 return released
 ";
@@ -144,6 +157,16 @@ static READ_ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(READ
 static WRITE_ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(WRITE_ACQUIRE));
 static READ_RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(READ_RELEASE));
 static WRITE_RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(WRITE_RELEASE));
+
+/// What the release channel is named after: `{ns:k}:w}`, so the channel, `{ns:k}:w}:released`,
+/// differs from a mutex's on the same key yet ends in `}:released` like it (the README's ACL
+/// channel pattern `&{ns:*}:released` covers both); the hash tag is still `ns:k`.
+const ANNOUNCED: &str = ":w}";
+
+/// The channel both readers' and writers' releases are announced on.
+fn announcement(keys: &LockKeys) -> Bytes {
+    crate::notify::channel(&keys.companion(ANNOUNCED))
+}
 
 fn acquire_keys(keys: &LockKeys) -> Vec<Bytes> {
     vec![
@@ -171,7 +194,15 @@ impl Rules for ReadRules {
         _handoff_lease: Duration,
     ) -> ScriptCall<'static> {
         let call_keys = vec![keys.companion(READERS)];
-        READ_RELEASE_SCRIPT.call(keys.slot, call_keys, vec![Value::Bytes(token.clone())])
+        let args = vec![
+            Value::Bytes(token.clone()),
+            Value::Bytes(announcement(keys)),
+        ];
+        READ_RELEASE_SCRIPT.call(keys.slot, call_keys, args)
+    }
+
+    fn release_announcement(&self, keys: &LockKeys) -> Option<Bytes> {
+        Some(keys.companion(ANNOUNCED))
     }
 
     fn shorten_call(
@@ -220,7 +251,15 @@ impl Rules for WriteRules {
         _handoff_lease: Duration,
     ) -> ScriptCall<'static> {
         let call_keys = vec![keys.companion(WRITER), keys.companion(INTENT)];
-        WRITE_RELEASE_SCRIPT.call(keys.slot, call_keys, vec![Value::Bytes(token.clone())])
+        let args = vec![
+            Value::Bytes(token.clone()),
+            Value::Bytes(announcement(keys)),
+        ];
+        WRITE_RELEASE_SCRIPT.call(keys.slot, call_keys, args)
+    }
+
+    fn release_announcement(&self, keys: &LockKeys) -> Option<Bytes> {
+        Some(keys.companion(ANNOUNCED))
     }
 
     fn shorten_call(

@@ -4,7 +4,8 @@
 //! The holders of key `k` are the members of the sorted set `{ns:k}:sem`, each a holder's token
 //! scored by its expiry in server milliseconds (`TIME`); every script first drops the expired
 //! members, so a crashed holder's permit comes back when its lease ends. Grants increment the
-//! fencing counter `{ns:k}:fence`.
+//! fencing counter `{ns:k}:fence`. Every release is announced on `{ns:k}:sem}:released` (an
+//! empty message), so waiters in any process try again at once.
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -26,6 +27,11 @@ use crate::scripts::{Script, ScriptCall};
 
 /// The suffix of a semaphore's holder set.
 pub(crate) const HOLDERS: &str = ":sem";
+
+/// What the release channel is named after: `{ns:k}:sem}`, so the channel,
+/// `{ns:k}:sem}:released`, ends in `}:released` like the mutex's (the README's ACL channel
+/// pattern `&{ns:*}:released` covers it); the hash tag is still `ns:k`.
+const ANNOUNCED: &str = ":sem}";
 
 /// Acquire. `KEYS`: holder set, fencing counter; `ARGV`: token, lease ms, permits. Granted
 /// while fewer than `permits` unexpired holders remain (also when the token already holds a
@@ -50,9 +56,14 @@ end
 return {1, fence}
 ";
 
-/// Release: removes the token from the holder set. Replies 1 or 0.
+/// Release. `KEYS`: holder set; `ARGV`: token, release channel. Removes the token from the
+/// holder set and, if it was there, announces the release (an empty message). Replies 1 or 0.
 const RELEASE: &str = r"
-return redis.call('ZREM', KEYS[1], ARGV[1])
+local released = redis.call('ZREM', KEYS[1], ARGV[1])
+if released == 1 then
+  redis.pcall('SPUBLISH', ARGV[2], '')
+end
+return released
 ";
 
 /// Shorten (minimum hold). `KEYS`: holder set; `ARGV`: token, ms. Moves this token's expiry to
@@ -114,7 +125,13 @@ impl Rules for SemaphoreRules {
         _handoff_lease: Duration,
     ) -> ScriptCall<'static> {
         let call_keys = vec![keys.companion(HOLDERS)];
-        RELEASE_SCRIPT.call(keys.slot, call_keys, vec![Value::Bytes(token.clone())])
+        let channel = crate::notify::channel(&keys.companion(ANNOUNCED));
+        let args = vec![Value::Bytes(token.clone()), Value::Bytes(channel)];
+        RELEASE_SCRIPT.call(keys.slot, call_keys, args)
+    }
+
+    fn release_announcement(&self, keys: &LockKeys) -> Option<Bytes> {
+        Some(keys.companion(ANNOUNCED))
     }
 
     fn shorten_call(
