@@ -522,3 +522,43 @@ async fn release_to_entry(
         .expect("the holder's body ended");
     entered.saturating_duration_since(released)
 }
+
+/// Uncontended holds of the read-write lock and the semaphore publish nothing: a release
+/// announces itself only while a waiting caller has marked the key (one that was refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_releases_announce_nothing() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let options = LockOptions::new().namespace("quiet");
+        let rw = client.rw_lock_with::<str>(options.clone()).expect("opts");
+        let permits = client.semaphore_with::<str>(2, options).expect("opts");
+        let wait = Duration::from_secs(1);
+        for _ in 0..10 {
+            rw.read("k", wait, async {}).await.expect("read");
+            rw.write("k", wait, async {}).await.expect("write");
+            permits.acquire("k", wait, async {}).await.expect("permit");
+        }
+        let published = harness::commandstats_calls(server.port(), "spublish");
+        assert_eq!(
+            published,
+            0,
+            "{}: uncontended releases published",
+            kind.name()
+        );
+        // A waiting reader behind a writer: the writer's release is announced.
+        let writing = rw.write("k", wait, tokio::time::sleep(Duration::from_millis(200)));
+        let reading = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            rw.read("k", wait, async {}).await
+        };
+        let (written, read) = tokio::join!(writing, reading);
+        written.expect("write");
+        read.expect("read");
+        assert!(
+            harness::commandstats_calls(server.port(), "spublish") >= 1,
+            "{}: a release with a waiter was not announced",
+            kind.name()
+        );
+    }
+}

@@ -270,7 +270,7 @@ async fn acquire_loop(
         held.armed = true;
         // The lease is measured on the real clock (see `crate::lease`).
         let sent = std::time::Instant::now();
-        let call = if queued {
+        let call = if queued || announced.is_some() {
             rules.wait_call(keys, &held.token, lease_duration, place_ttl(deadline))
         } else {
             rules.acquire_call(keys, &held.token, lease_duration)

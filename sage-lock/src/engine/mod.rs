@@ -94,7 +94,8 @@ pub(crate) trait Rules: Send + Sync + fmt::Debug {
     /// One attempt of a waiting acquisition. A primitive with a server-side waiter queue
     /// enqueues a busy caller here (its place lasts `waiter_ttl` unless it tries again) and
     /// grants only to the queue's head; the release call then removes `token` from the queue
-    /// too. Defaults to [`Rules::acquire_call`].
+    /// too. One that announces its releases marks the key as waited for (for `waiter_ttl`), so
+    /// its releases publish only then. Defaults to [`Rules::acquire_call`].
     fn wait_call(
         &self,
         keys: &LockKeys,

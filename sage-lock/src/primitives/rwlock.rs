@@ -35,14 +35,19 @@ pub(crate) const READERS: &str = ":r";
 pub(crate) const WRITER: &str = ":w";
 /// The suffix of the waiting writer's intent.
 pub(crate) const INTENT: &str = ":wi";
+/// The suffix of the waiting mark: set by every refused attempt of a waiting caller, for what
+/// is left of its wait (at most 2 s), so that releases announce themselves only while somebody
+/// waits.
+pub(crate) const WAITING: &str = ":rw-waiting";
 
 /// How long a waiting writer's intent blocks new readers after its latest attempt. Its attempts
 /// come at most 200 ms apart, so a live waiting writer keeps it; a dead one frees the readers
 /// this long after its last attempt.
 pub const WRITER_INTENT: Duration = Duration::from_secs(1);
 
-/// Read acquire. `KEYS`: readers, fence, writer, intent; `ARGV`: token, lease ms. Granted unless
-/// a writer holds the lock or waits for it; a token that already reads (a retry after an
+/// Read acquire. `KEYS`: readers, fence, writer, intent, waiting mark; `ARGV`: token, lease ms,
+/// mark ms (0 for a try). Granted unless a writer holds the lock or waits for it (a waiting
+/// caller that is refused sets the waiting mark for mark ms, so releases announce themselves); a token that already reads (a retry after an
 /// unknown or unacknowledged outcome) is granted again. Every grant, a repeated one too, takes
 /// a new fencing token: other readers' grants may have moved the counter on since this token's
 /// first one, so the counter is nobody's token but the latest grant's.
@@ -52,13 +57,15 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  local writer = redis.call('PTTL', KEYS[3])
-  if writer ~= -2 then
-    return {0, math.max(writer, 1)}
+  local wait = redis.call('PTTL', KEYS[3])
+  if wait == -2 then
+    wait = redis.call('PTTL', KEYS[4])
   end
-  local intent = redis.call('PTTL', KEYS[4])
-  if intent ~= -2 then
-    return {0, math.max(intent, 1)}
+  if wait ~= -2 then
+    if tonumber(ARGV[3]) > 0 then
+      redis.call('SET', KEYS[5], '', 'PX', ARGV[3])
+    end
+    return {0, math.max(wait, 1)}
   end
 end
 local fence = redis.call('INCR', KEYS[2])
@@ -69,10 +76,10 @@ end
 return {1, fence}
 ";
 
-/// Write acquire. `KEYS`: readers, fence, writer, intent; `ARGV`: token, lease ms, intent ms
-/// (0: leave no intent, for `try_write`). Granted when there is no writer, no unexpired reader
-/// and no other writer's intent; otherwise (intent ms > 0, no other intent) claims or refreshes
-/// the intent.
+/// Write acquire. `KEYS`: readers, fence, writer, intent, waiting mark; `ARGV`: token, lease
+/// ms, intent ms (0: leave no intent, for `try_write`), mark ms (0 for a try). Granted when there
+/// is no writer, no unexpired reader and no other writer's intent; otherwise (intent ms > 0, no
+/// other intent) claims or refreshes the intent, and a waiting caller sets the waiting mark.
 const WRITE_ACQUIRE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -83,9 +90,15 @@ if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[3], ARGV[2])
   return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
+local function refused(ms)
+  if tonumber(ARGV[4]) > 0 then
+    redis.call('SET', KEYS[5], '', 'PX', ARGV[4])
+  end
+  return {0, math.max(ms, 1)}
+end
 local intent = redis.call('GET', KEYS[4])
 if intent and intent ~= ARGV[1] then
-  return {0, math.max(redis.call('PTTL', KEYS[4]), 1)}
+  return refused(redis.call('PTTL', KEYS[4]))
 end
 local hint
 if holder then
@@ -101,7 +114,7 @@ if hint then
     redis.call('SET', KEYS[4], ARGV[1], 'PX', intent_ms)
     hint = math.min(hint, math.floor(intent_ms / 4))
   end
-  return {0, math.max(hint, 1)}
+  return refused(hint)
 end
 if intent then
   redis.call('DEL', KEYS[4])
@@ -110,19 +123,21 @@ redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
 return {1, redis.call('INCR', KEYS[2])}
 ";
 
-/// Read release. `KEYS`: readers; `ARGV`: token, release channel. Removes the token from the
-/// reader set and, if it was there, announces the release (an empty message). Replies 1 or 0.
+/// Read release. `KEYS`: readers, waiting mark; `ARGV`: token, release channel. Removes the
+/// token from the reader set and, if it was there while a caller waits (the mark), announces
+/// the release (an empty message). Replies 1 or 0.
 const READ_RELEASE: &str = r"
 local released = redis.call('ZREM', KEYS[1], ARGV[1])
-if released == 1 then
+if released == 1 and redis.call('EXISTS', KEYS[2]) == 1 then
   redis.pcall('SPUBLISH', ARGV[2], '')
 end
 return released
 ";
 
-/// Write release. `KEYS`: writer, intent; `ARGV`: token, release channel. Deletes the writer
-/// key and the intent where they hold this token and, if either did, announces the release (an
-/// empty message); replies 1 when the writer key was ours.
+/// Write release. `KEYS`: writer, intent, waiting mark; `ARGV`: token, release channel. Deletes
+/// the writer key and the intent where they hold this token and, if either did while a caller
+/// waits (the mark), announces the release (an empty message); replies 1 when the writer key
+/// was ours.
 const WRITE_RELEASE: &str = r"
 local released = 0
 local freed = false
@@ -134,7 +149,7 @@ if redis.call('GET', KEYS[2]) == ARGV[1] then
   redis.call('DEL', KEYS[2])
   freed = true
 end
-if freed then
+if freed and redis.call('EXISTS', KEYS[3]) == 1 then
   redis.pcall('SPUBLISH', ARGV[2], '')
 end
 return released
@@ -174,6 +189,7 @@ fn acquire_keys(keys: &LockKeys) -> Vec<Bytes> {
         keys.fence.clone(),
         keys.companion(WRITER),
         keys.companion(INTENT),
+        keys.companion(WAITING),
     ]
 }
 
@@ -183,7 +199,21 @@ struct ReadRules;
 
 impl Rules for ReadRules {
     fn acquire_call(&self, keys: &LockKeys, token: &Bytes, lease: Duration) -> ScriptCall<'static> {
-        let args = vec![Value::Bytes(token.clone()), Value::Integer(millis(lease))];
+        self.wait_call(keys, token, lease, Duration::ZERO)
+    }
+
+    fn wait_call(
+        &self,
+        keys: &LockKeys,
+        token: &Bytes,
+        lease: Duration,
+        waiter_ttl: Duration,
+    ) -> ScriptCall<'static> {
+        let args = vec![
+            Value::Bytes(token.clone()),
+            Value::Integer(millis(lease)),
+            Value::Integer(millis(waiter_ttl)),
+        ];
         READ_ACQUIRE_SCRIPT.call(keys.slot, acquire_keys(keys), args)
     }
 
@@ -193,7 +223,7 @@ impl Rules for ReadRules {
         token: &Bytes,
         _handoff_lease: Duration,
     ) -> ScriptCall<'static> {
-        let call_keys = vec![keys.companion(READERS)];
+        let call_keys = vec![keys.companion(READERS), keys.companion(WAITING)];
         let args = vec![
             Value::Bytes(token.clone()),
             Value::Bytes(announcement(keys)),
@@ -231,6 +261,16 @@ struct WriteRules {
 
 impl Rules for WriteRules {
     fn acquire_call(&self, keys: &LockKeys, token: &Bytes, lease: Duration) -> ScriptCall<'static> {
+        self.wait_call(keys, token, lease, Duration::ZERO)
+    }
+
+    fn wait_call(
+        &self,
+        keys: &LockKeys,
+        token: &Bytes,
+        lease: Duration,
+        waiter_ttl: Duration,
+    ) -> ScriptCall<'static> {
         let intent = if self.claim_intent {
             millis(WRITER_INTENT)
         } else {
@@ -240,6 +280,7 @@ impl Rules for WriteRules {
             Value::Bytes(token.clone()),
             Value::Integer(millis(lease)),
             Value::Integer(intent),
+            Value::Integer(millis(waiter_ttl)),
         ];
         WRITE_ACQUIRE_SCRIPT.call(keys.slot, acquire_keys(keys), args)
     }
@@ -250,7 +291,11 @@ impl Rules for WriteRules {
         token: &Bytes,
         _handoff_lease: Duration,
     ) -> ScriptCall<'static> {
-        let call_keys = vec![keys.companion(WRITER), keys.companion(INTENT)];
+        let call_keys = vec![
+            keys.companion(WRITER),
+            keys.companion(INTENT),
+            keys.companion(WAITING),
+        ];
         let args = vec![
             Value::Bytes(token.clone()),
             Value::Bytes(announcement(keys)),

@@ -28,14 +28,21 @@ use crate::scripts::{Script, ScriptCall};
 /// The suffix of a semaphore's holder set.
 pub(crate) const HOLDERS: &str = ":sem";
 
+/// The suffix of the waiting mark: set by every refused attempt of a waiting caller, for what
+/// is left of its wait (at most 2 s), so that releases announce themselves only while somebody
+/// waits.
+const WAITING: &str = ":sem-waiting";
+
 /// What the release channel is named after: `{ns:k}:sem}`, so the channel,
 /// `{ns:k}:sem}:released`, ends in `}:released` like the mutex's (the README's ACL channel
 /// pattern `&{ns:*}:released` covers it); the hash tag is still `ns:k`.
 const ANNOUNCED: &str = ":sem}";
 
-/// Acquire. `KEYS`: holder set, fencing counter; `ARGV`: token, lease ms, permits. Granted
-/// while fewer than `permits` unexpired holders remain (also when the token already holds a
-/// permit, so a retry is safe): `{1, fence}`; else `{0, ms until the first permit expires}`.
+/// Acquire. `KEYS`: holder set, fencing counter, waiting mark; `ARGV`: token, lease ms, permits,
+/// mark ms (0 for a try). Granted while fewer than `permits` unexpired holders remain (also when
+/// the token already holds a permit, so a retry is safe): `{1, fence}`; else `{0, ms until the
+/// first permit expires}`, and a waiting caller sets the waiting mark for mark ms, so releases
+/// announce themselves.
 /// Every grant, a repeated one too, takes a new fencing token: other holders' grants may have
 /// moved the counter on since this token's first one.
 const ACQUIRE: &str = r"
@@ -45,6 +52,9 @@ local lease = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if not redis.call('ZSCORE', KEYS[1], ARGV[1])
     and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then
+  if tonumber(ARGV[4]) > 0 then
+    redis.call('SET', KEYS[3], '', 'PX', ARGV[4])
+  end
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   return {0, math.max(tonumber(first[2]) - now, 1)}
 end
@@ -56,11 +66,12 @@ end
 return {1, fence}
 ";
 
-/// Release. `KEYS`: holder set; `ARGV`: token, release channel. Removes the token from the
-/// holder set and, if it was there, announces the release (an empty message). Replies 1 or 0.
+/// Release. `KEYS`: holder set, waiting mark; `ARGV`: token, release channel. Removes the token
+/// from the holder set and, if it was there while a caller waits (the mark), announces the
+/// release (an empty message). Replies 1 or 0.
 const RELEASE: &str = r"
 local released = redis.call('ZREM', KEYS[1], ARGV[1])
-if released == 1 then
+if released == 1 and redis.call('EXISTS', KEYS[2]) == 1 then
   redis.pcall('SPUBLISH', ARGV[2], '')
 end
 return released
@@ -109,12 +120,27 @@ struct SemaphoreRules {
 
 impl Rules for SemaphoreRules {
     fn acquire_call(&self, keys: &LockKeys, token: &Bytes, lease: Duration) -> ScriptCall<'static> {
+        self.wait_call(keys, token, lease, Duration::ZERO)
+    }
+
+    fn wait_call(
+        &self,
+        keys: &LockKeys,
+        token: &Bytes,
+        lease: Duration,
+        waiter_ttl: Duration,
+    ) -> ScriptCall<'static> {
         let args = vec![
             Value::Bytes(token.clone()),
             Value::Integer(millis(lease)),
             Value::Integer(i64::from(self.permits)),
+            Value::Integer(millis(waiter_ttl)),
         ];
-        let call_keys = vec![keys.companion(HOLDERS), keys.fence.clone()];
+        let call_keys = vec![
+            keys.companion(HOLDERS),
+            keys.fence.clone(),
+            keys.companion(WAITING),
+        ];
         ACQUIRE_SCRIPT.call(keys.slot, call_keys, args)
     }
 
@@ -124,7 +150,7 @@ impl Rules for SemaphoreRules {
         token: &Bytes,
         _handoff_lease: Duration,
     ) -> ScriptCall<'static> {
-        let call_keys = vec![keys.companion(HOLDERS)];
+        let call_keys = vec![keys.companion(HOLDERS), keys.companion(WAITING)];
         let channel = crate::notify::channel(&keys.companion(ANNOUNCED));
         let args = vec![Value::Bytes(token.clone()), Value::Bytes(channel)];
         RELEASE_SCRIPT.call(keys.slot, call_keys, args)
