@@ -225,13 +225,6 @@ async fn acquire_loop(
     let waiting = matches!(mode, Mode::Wait(_));
     // Whether this primitive queues waiters on the server and notifies the head on release.
     let queued = waiting && rules.notifies();
-    // A primitive without a queue may announce its releases instead: the key whose channel to
-    // watch while waiting.
-    let announced = if waiting && !queued {
-        rules.release_announcement(keys)
-    } else {
-        None
-    };
     let mut watch: Option<Watch<'_>> = None;
     let mut subscribed = false;
     // When the last attempt that found the lock busy (and so queued) was sent: a release can
@@ -270,7 +263,7 @@ async fn acquire_loop(
         held.armed = true;
         // The lease is measured on the real clock (see `crate::lease`).
         let sent = std::time::Instant::now();
-        let call = if queued || announced.is_some() {
+        let call = if waiting {
             rules.wait_call(keys, &held.token, lease_duration, place_ttl(deadline))
         } else {
             rules.acquire_call(keys, &held.token, lease_duration)
@@ -390,11 +383,19 @@ async fn acquire_loop(
                     }
                     continue;
                 }
-                if (queued || announced.is_some()) && !subscribed {
-                    let watch = watch.get_or_insert_with(|| {
-                        let key = announced.as_ref().unwrap_or(&keys.lock);
-                        engine.notifier.watch(key, held.token.clone())
-                    });
+                if watch.is_none() {
+                    // Watch the queue's channel, or else the channel a primitive without a queue
+                    // announces its releases on (if it does).
+                    let key = if queued {
+                        Some(keys.lock.clone())
+                    } else {
+                        rules.release_announcement(keys)
+                    };
+                    watch = key.map(|key| engine.notifier.watch(&key, held.token.clone()));
+                }
+                if let Some(watch) = &mut watch
+                    && !subscribed
+                {
                     let limit = deadline.min(Instant::now() + Duration::from_secs(1));
                     match Box::pin(watch.subscribe(limit)).await {
                         Subscribed::Already => subscribed = true,

@@ -70,8 +70,11 @@ pub(crate) const QUEUED_POLL: Duration = Duration::from_millis(500);
 /// it notified the queue's next waiter `head`, see [`Rules::notifies`]); the shorten script
 /// replies 1 when it set this token's hold to expire in `keep_for`, else 0.
 pub(crate) trait Rules: Send + Sync + fmt::Debug {
-    /// One acquisition attempt by `token` for `lease`.
-    fn acquire_call(&self, keys: &LockKeys, token: &Bytes, lease: Duration) -> ScriptCall<'static>;
+    /// One acquisition attempt by `token` for `lease` that does not wait: it neither queues nor
+    /// marks the key as waited for. Defaults to [`Rules::wait_call`] with no waiter TTL.
+    fn acquire_call(&self, keys: &LockKeys, token: &Bytes, lease: Duration) -> ScriptCall<'static> {
+        self.wait_call(keys, token, lease, Duration::ZERO)
+    }
     /// Gives up `token`'s hold, if it still has one. A primitive that hands the lock to the next
     /// queued waiter on release grants it `handoff_lease` (see [`handoff_lease`]).
     fn release_call(
@@ -95,25 +98,24 @@ pub(crate) trait Rules: Send + Sync + fmt::Debug {
     /// enqueues a busy caller here (its place lasts `waiter_ttl` unless it tries again) and
     /// grants only to the queue's head; the release call then removes `token` from the queue
     /// too. One that announces its releases marks the key as waited for (for `waiter_ttl`), so
-    /// its releases publish only then. Defaults to [`Rules::acquire_call`].
+    /// its releases publish only then. A zero `waiter_ttl` means the caller does not wait.
     fn wait_call(
         &self,
         keys: &LockKeys,
         token: &Bytes,
         lease: Duration,
         waiter_ttl: Duration,
-    ) -> ScriptCall<'static> {
-        let _ = waiter_ttl;
-        self.acquire_call(keys, token, lease)
-    }
+    ) -> ScriptCall<'static>;
     /// Whether the release call publishes the queue's new head on the lock's release channel
     /// ([`crate::notify::channel`]), so waiters can wait for the message instead of polling.
     fn notifies(&self) -> bool {
         false
     }
     /// For a primitive without a waiter queue: the key whose release channel
-    /// ([`crate::notify::channel`]) every release publishes an empty message on, so waiters in
-    /// any process retry at once instead of at their next poll. `None` (the default): none.
+    /// ([`crate::notify::channel`]) its releases publish an empty message on while a waiting
+    /// caller marks the key (see [`Rules::wait_call`]), so waiters in any process retry at once
+    /// instead of at their next poll. `None` (the default): none. Asked only once a waiting
+    /// caller is refused.
     fn release_announcement(&self, keys: &LockKeys) -> Option<Bytes> {
         let _ = keys;
         None

@@ -138,7 +138,14 @@ struct UnitRules {
 }
 
 impl Rules for UnitRules {
-    fn acquire_call(&self, keys: &LockKeys, token: &Bytes, lease: Duration) -> ScriptCall<'static> {
+    /// All parts at once or none; there is no queue for a set of keys, so waiting changes nothing.
+    fn wait_call(
+        &self,
+        keys: &LockKeys,
+        token: &Bytes,
+        lease: Duration,
+        _waiter_ttl: Duration,
+    ) -> ScriptCall<'static> {
         let args = vec![
             Value::Bytes(token.clone()),
             Value::Integer(millis(lease)),

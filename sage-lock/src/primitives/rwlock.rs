@@ -198,10 +198,6 @@ fn acquire_keys(keys: &LockKeys) -> Vec<Bytes> {
 struct ReadRules;
 
 impl Rules for ReadRules {
-    fn acquire_call(&self, keys: &LockKeys, token: &Bytes, lease: Duration) -> ScriptCall<'static> {
-        self.wait_call(keys, token, lease, Duration::ZERO)
-    }
-
     fn wait_call(
         &self,
         keys: &LockKeys,
@@ -260,10 +256,6 @@ struct WriteRules {
 }
 
 impl Rules for WriteRules {
-    fn acquire_call(&self, keys: &LockKeys, token: &Bytes, lease: Duration) -> ScriptCall<'static> {
-        self.wait_call(keys, token, lease, Duration::ZERO)
-    }
-
     fn wait_call(
         &self,
         keys: &LockKeys,

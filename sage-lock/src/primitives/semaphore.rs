@@ -119,10 +119,6 @@ struct SemaphoreRules {
 }
 
 impl Rules for SemaphoreRules {
-    fn acquire_call(&self, keys: &LockKeys, token: &Bytes, lease: Duration) -> ScriptCall<'static> {
-        self.wait_call(keys, token, lease, Duration::ZERO)
-    }
-
     fn wait_call(
         &self,
         keys: &LockKeys,

@@ -235,10 +235,6 @@ fn release_keys(keys: &LockKeys) -> Vec<Bytes> {
 pub(crate) struct MutexRules;
 
 impl Rules for MutexRules {
-    fn acquire_call(&self, keys: &LockKeys, token: &Bytes, lease: Duration) -> ScriptCall<'static> {
-        self.wait_call(keys, token, lease, Duration::ZERO)
-    }
-
     fn wait_call(
         &self,
         keys: &LockKeys,
