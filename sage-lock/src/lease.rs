@@ -45,11 +45,17 @@ pub(crate) fn scope<F: Future>(lease: Lease, body: F) -> impl Future<Output = F:
 /// A held lock: its key, its fencing token, and how long it is still known to be valid.
 ///
 /// Cheap to clone; clones observe renewals. Get it inside a lock body with [`current_lease`]
-/// (see its example).
+/// (see its example). Under [`Locks::with_locks`](crate::Locks::with_locks) it describes the
+/// caller's first key, and [`Lease::fencing_token_of`] gives the token of every other key.
 #[derive(Clone)]
 pub struct Lease {
     state: Arc<LeaseState>,
+    /// Every key of a several-key hold with its fencing token, in lock order (else `None`).
+    parts: Option<Arc<[Part]>>,
 }
+
+/// One key of a several-key hold and its fencing token.
+type Part = (Arc<LockKeys>, u64);
 
 struct LeaseState {
     /// The drift margin subtracted from the lease.
@@ -81,9 +87,19 @@ impl Lease {
                 acquired_at,
                 valid_for_nanos: AtomicU64::new(0),
             }),
+            parts: None,
         };
         lease.extend_to(valid_until);
         lease
+    }
+
+    /// This lease (same state, so it observes the same renewals), naming every key of a
+    /// several-key hold with its fencing token.
+    pub(crate) fn with_parts(self, parts: Vec<Part>) -> Self {
+        Lease {
+            state: self.state,
+            parts: Some(parts.into()),
+        }
     }
 
     /// The fencing token: a number that strictly increases with every acquisition of this key
@@ -93,6 +109,42 @@ impl Lease {
     #[must_use]
     pub fn fencing_token(&self) -> u64 {
         self.state.fencing_token
+    }
+
+    /// The fencing token of `key`, spelled as [`Lease::key`] spells it: under
+    /// [`Locks::with_locks`](crate::Locks::with_locks), of any of the caller's keys; otherwise
+    /// of the lease's own key. `None` for a key this lease does not hold.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: sage_lock::Locks<str>) -> Result<(), sage_lock::LockError> {
+    /// use std::time::Duration;
+    ///
+    /// locks.with_locks(&["account:1", "account:2"], Duration::from_secs(2), async {
+    ///     let lease = sage_lock::current_lease().expect("inside a lock body");
+    ///     let from = lease.fencing_token_of("account:1");
+    ///     let to = lease.fencing_token_of("account:2");
+    ///     println!("debit with token {from:?}, credit with token {to:?}");
+    /// }).await?;
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn fencing_token_of(&self, key: &str) -> Option<u64> {
+        self.fencing_tokens()
+            .find(|(held, _)| *held == key)
+            .map(|(_, token)| token)
+    }
+
+    /// Every key this lease holds with its fencing token: its own key, or under
+    /// [`Locks::with_locks`](crate::Locks::with_locks) each distinct key of the call, in the
+    /// order they were locked (hash slot, then name).
+    pub fn fencing_tokens(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
+        let own = self
+            .parts
+            .is_none()
+            .then(|| (self.key(), self.fencing_token()));
+        let parts = self.parts.iter().flat_map(|parts| parts.iter());
+        own.into_iter()
+            .chain(parts.map(|(keys, token)| (keys.display().as_ref(), *token)))
     }
 
     /// The lock key, as text (non-UTF-8 bytes escaped).
@@ -159,12 +211,14 @@ impl Lease {
 
 impl fmt::Debug for Lease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Lease")
-            .field("key", &self.key())
+        let mut out = f.debug_struct("Lease");
+        out.field("key", &self.key())
             .field("namespace", &self.namespace())
-            .field("fencing_token", &self.fencing_token())
-            .field("remaining", &self.remaining())
-            .finish()
+            .field("fencing_token", &self.fencing_token());
+        if self.parts.is_some() {
+            out.field("fencing_tokens", &self.fencing_tokens().collect::<Vec<_>>());
+        }
+        out.field("remaining", &self.remaining()).finish()
     }
 }
 
@@ -201,6 +255,24 @@ mod tests {
         .await;
         assert_eq!(seen, Some((7, true, "k".to_owned())));
         assert!(current_lease().is_none());
+    }
+
+    #[test]
+    fn every_key_of_a_several_key_hold_has_its_token() {
+        let now = Instant::now();
+        let keys = |name: &str| Arc::new(LockKeys::new("ns", name.as_bytes()));
+        let single = Lease::new(keys("a"), "ns".into(), 7, now, now, Duration::ZERO);
+        assert_eq!(single.fencing_tokens().collect::<Vec<_>>(), [("a", 7)]);
+        assert_eq!(single.fencing_token_of("a"), Some(7));
+        assert_eq!(single.fencing_token_of("b"), None);
+        let several = single.with_parts(vec![(keys("a"), 7), (keys("b"), 3)]);
+        assert_eq!(
+            several.fencing_tokens().collect::<Vec<_>>(),
+            [("a", 7), ("b", 3)]
+        );
+        assert_eq!(several.fencing_token_of("b"), Some(3));
+        assert_eq!(several.fencing_token_of("c"), None);
+        assert!(format!("{several:?}").contains(r#"fencing_tokens: [("a", 7), ("b", 3)]"#));
     }
 
     #[test]

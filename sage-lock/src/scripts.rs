@@ -100,10 +100,11 @@ pub(crate) fn is_noscript(error: &Error) -> bool {
 }
 
 /// What the acquire script answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum AcquireReply {
-    /// Granted; the new fencing token.
-    Granted { fence: u64 },
+    /// Granted; the new fencing token, and (from a script that takes several keys at once) the
+    /// fencing token of each key, in the script's key order (else empty).
+    Granted { fence: u64, parts: Vec<u64> },
     /// Held by another owner for `pttl_ms` more milliseconds (negative: no TTL known); `fence`:
     /// the fencing counter at that moment, from scripts that report it (a later hand-off to
     /// this waiter carries a higher one).
@@ -111,7 +112,7 @@ pub(crate) enum AcquireReply {
 }
 
 /// Parses the acquire script's `{status, number}` reply (`{0, pttl, fence}` when busy, from
-/// the mutex).
+/// the mutex; `{1, fence, part fences...}` when granted several keys at once).
 pub(crate) fn parse_acquire(value: Value) -> Result<AcquireReply, Error> {
     let protocol = || {
         Error::new(
@@ -122,21 +123,25 @@ pub(crate) fn parse_acquire(value: Value) -> Result<AcquireReply, Error> {
     let Value::Array(items) = value else {
         return Err(protocol());
     };
-    let (status, number, fence) = match items.as_slice() {
-        [status, number] => (status, number, None),
-        [status, number, fence] => (status, number, Some(fence)),
-        _ => return Err(protocol()),
+    let [status, number, rest @ ..] = items.as_slice() else {
+        return Err(protocol());
     };
     let number = number.as_i64().ok_or_else(protocol)?;
     match status.as_i64() {
         Some(1) => Ok(AcquireReply::Granted {
             fence: u64::try_from(number).map_err(|_| protocol())?,
+            parts: rest
+                .iter()
+                .map(|part| fence_value(part).ok_or_else(protocol))
+                .collect::<Result<_, _>>()?,
         }),
         Some(0) => Ok(AcquireReply::Busy {
             pttl_ms: number,
-            fence: fence
-                .map(|f| fence_value(f).ok_or_else(protocol))
-                .transpose()?,
+            fence: match rest {
+                [] => None,
+                [fence] => Some(fence_value(fence).ok_or_else(protocol)?),
+                _ => return Err(protocol()),
+            },
         }),
         _ => Err(protocol()),
     }
@@ -209,8 +214,37 @@ mod tests {
         let granted = Value::Array(vec![Value::Integer(1), Value::Integer(7)]);
         assert_eq!(
             parse_acquire(granted).ok(),
-            Some(AcquireReply::Granted { fence: 7 })
+            Some(AcquireReply::Granted {
+                fence: 7,
+                parts: Vec::new()
+            })
         );
+        let several = Value::Array(vec![
+            Value::Integer(1),
+            Value::Integer(4),
+            Value::Integer(9),
+            Value::Integer(4),
+        ]);
+        assert_eq!(
+            parse_acquire(several).ok(),
+            Some(AcquireReply::Granted {
+                fence: 4,
+                parts: vec![9, 4]
+            })
+        );
+        let negative_part = Value::Array(vec![
+            Value::Integer(1),
+            Value::Integer(4),
+            Value::Integer(-1),
+        ]);
+        assert!(parse_acquire(negative_part).is_err());
+        let too_long_busy = Value::Array(vec![
+            Value::Integer(0),
+            Value::Integer(250),
+            Value::Integer(3),
+            Value::Integer(3),
+        ]);
+        assert!(parse_acquire(too_long_busy).is_err());
         let busy = Value::Array(vec![Value::Integer(0), Value::Integer(250)]);
         assert_eq!(
             parse_acquire(busy).ok(),

@@ -81,6 +81,7 @@ pub(crate) async fn acquire(
         granted_by: None,
         hold_at_least: Duration::ZERO,
         uncontended: false,
+        part_fences: Vec::new(),
     };
     // Registered on the first "busy" reply: woken when this process releases the key.
     let mut waiter = WaitSlot::new(&engine.waiters, &keys.lock);
@@ -121,6 +122,7 @@ pub(crate) async fn acquire(
             );
             held.lease = granted.lease;
             held.granted_by = granted.granted_by;
+            held.part_fences = granted.part_fences;
             held.uncontended = granted.attempts == 1;
             Ok(Some(held))
         }
@@ -169,6 +171,8 @@ async fn let_follower_queue() {
 
 struct Granted {
     lease: Lease,
+    /// The fencing token of each key a several-key unit was granted (else empty).
+    part_fences: Vec<u64>,
     attempts: u32,
     granted_by: Option<fred::types::config::Server>,
 }
@@ -254,6 +258,7 @@ async fn acquire_loop(
             client.stats.record(&settings.metrics, Event::Handoff);
             return Ok(Some(Granted {
                 lease,
+                part_fences: Vec::new(),
                 attempts: attempts + 1,
                 granted_by: None,
             }));
@@ -282,7 +287,7 @@ async fn acquire_loop(
             .await
             .and_then(|(reply, ack, node)| Ok((parse_acquire(reply)?, ack, node)));
         match outcome {
-            Ok((AcquireReply::Granted { fence }, Ack::Confirmed, granted_by)) => {
+            Ok((AcquireReply::Granted { fence, parts }, Ack::Confirmed, granted_by)) => {
                 // The next local waiter joins the server's queue while this one holds.
                 if waiter.resign() {
                     let_follower_queue().await;
@@ -318,6 +323,7 @@ async fn acquire_loop(
                 );
                 return Ok(Some(Granted {
                     lease,
+                    part_fences: parts,
                     attempts,
                     granted_by,
                 }));

@@ -117,6 +117,8 @@ pub(crate) struct Held {
     /// Granted on the first attempt (nobody was waiting): the release tries the plain
     /// [`Rules::plain_release_key`] command first.
     pub(crate) uncontended: bool,
+    /// The fencing token of each key of a several-key unit, in the unit's order (else empty).
+    pub(crate) part_fences: Vec<u64>,
 }
 
 impl Held {

@@ -37,7 +37,8 @@ pub(crate) struct Unit {
 
 /// Acquires every unit (in the given order) per `mode`, runs `body` while all are held,
 /// releases them: `Ok(None)` only in [`Mode::Try`] when one is busy. The body sees
-/// `units[report]`'s lease as [`current_lease`](crate::current_lease).
+/// `units[report]`'s lease as [`current_lease`](crate::current_lease), with every part's
+/// fencing token ([`Lease::fencing_tokens`]).
 pub(crate) async fn run_all<F: Future>(
     engine: Arc<Engine>,
     settings: Arc<LockSettings>,
@@ -168,7 +169,13 @@ async fn hold_all<F: Future>(
         release_all(helds).await;
         return Err(LockError::invalid("keys", "internal: no unit to report"));
     };
-    let body = scope(lease, body);
+    let parts = helds.iter().zip(units).flat_map(|(held, unit)| {
+        unit.parts
+            .iter()
+            .map(Arc::clone)
+            .zip(held.part_fences.iter().copied())
+    });
+    let body = scope(lease.with_parts(parts.collect()), body);
     let (index, key, reason) = tokio::select! {
         biased;
         lost = first_loss(&mut losses) => lost,

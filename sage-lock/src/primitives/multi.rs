@@ -28,8 +28,9 @@ use crate::topology::Deployment;
 /// Granted only when no key has another owner and no key has a live queued mutex waiter at its
 /// head (multi-key callers never queue): then every key is set (or, already this token's,
 /// extended), its grant marker says whether its queue still holds anybody (as the mutex's does),
-/// and its counter incremented, and the reply is `{1, fence of that key}`; else
-/// nothing changes and the reply is `{0, ms}` for a busy key.
+/// and its counter incremented, and the reply is `{1, fence of that key, fence of each key...}`
+/// (a key this token already held keeps its fence); else nothing changes and the reply is
+/// `{0, ms}` for a busy key.
 pub(super) const ACQUIRE_ALL: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -56,7 +57,7 @@ for i = 1, #KEYS, 5 do
   holders[i] = holder
   queued[i] = head and 'q' or ''
 end
-local report = 0
+local reply = {1, 0}
 for i = 1, #KEYS, 5 do
   local fence
   if holders[i] then
@@ -67,11 +68,12 @@ for i = 1, #KEYS, 5 do
     redis.call('SET', KEYS[i + 4], queued[i], 'PX', '315360000000')
     fence = redis.call('INCR', KEYS[i + 1])
   end
+  reply[#reply + 1] = fence
   if (i + 4) / 5 == tonumber(ARGV[3]) then
-    report = fence
+    reply[2] = fence
   end
 end
-return {1, report}
+return reply
 ";
 
 /// Release all. `KEYS` as for acquire; `ARGV`: token, then each key's release channel. `DEL`s
@@ -254,7 +256,8 @@ impl<K: ?Sized> Locks<K> {
     /// takes its keys, so inside a hold of one of them it waits for itself until `wait_timeout`.
     ///
     /// [`current_lease`](crate::current_lease) in the body is the lease of the caller's
-    /// *first* key (its key and fencing token); every key's fencing counter is incremented.
+    /// *first* key (its key and fencing token); every key's fencing counter is incremented, and
+    /// [`Lease::fencing_token_of`](crate::Lease::fencing_token_of) gives each key's token.
     ///
     /// # Errors
     /// - [`LockError::InvalidArgument`]: `keys` is empty or `wait_timeout` is zero.

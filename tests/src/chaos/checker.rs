@@ -58,7 +58,8 @@ struct Section {
     process: usize,
     task: u32,
     key: String,
-    /// 0 when not known (the later keys of `with_locks`).
+    /// 0 when not known (the later keys of `with_locks` in histories written before
+    /// `Lease::fencing_token_of`).
     token: u64,
     hold: Hold,
     start: u64,
@@ -505,8 +506,8 @@ mod tests {
         assert!(overlap_violations(&other_key).is_empty());
     }
 
-    /// `with_locks` records one section per key; a later key's unknown token (0) is not
-    /// counted as a token granted twice.
+    /// `with_locks` records one section per key; an unknown token (0, in older histories) is
+    /// not counted as a token granted twice.
     #[test]
     fn several_keys_of_one_call_are_sections_of_their_own() {
         let records = vec![

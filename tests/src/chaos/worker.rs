@@ -183,7 +183,7 @@ struct TaskCtx {
 enum Op {
     Mutex(&'static str),
     /// Two distinct mutex keys, in the caller's order.
-    Multi(&'static str, &'static str),
+    Multi([&'static str; 2]),
     Read(&'static str),
     Write(&'static str),
     Permit(&'static str),
@@ -205,7 +205,7 @@ impl TaskCtx {
                     while second == first {
                         second = mutex_key(&mut rng);
                     }
-                    Op::Multi(first, second)
+                    Op::Multi([first, second])
                 }
                 Primitive::RwLock => {
                     let key = RW_KEYS[rng.random_range(0..RW_KEYS.len())];
@@ -237,7 +237,7 @@ impl TaskCtx {
     async fn once(&self, op: Op, try_lock: bool, hold: Duration, wait: Duration) {
         let key = match op {
             Op::Mutex(key)
-            | Op::Multi(key, _)
+            | Op::Multi([key, _])
             | Op::Read(key)
             | Op::Write(key)
             | Op::Permit(key) => key,
@@ -256,14 +256,10 @@ impl TaskCtx {
                 .with_lock(key, wait, self.body(op, hold))
                 .await
                 .map(Some),
-            (Op::Multi(a, b), true) => {
-                self.locks
-                    .try_with_locks(&[a, b], self.body(op, hold))
-                    .await
-            }
-            (Op::Multi(a, b), false) => self
+            (Op::Multi(keys), true) => self.locks.try_with_locks(&keys, self.body(op, hold)).await,
+            (Op::Multi(keys), false) => self
                 .locks
-                .with_locks(&[a, b], wait, self.body(op, hold))
+                .with_locks(&keys, wait, self.body(op, hold))
                 .await
                 .map(Some),
             (Op::Read(key), true) => self.rw.try_read(key, self.body(op, hold)).await,
@@ -298,73 +294,89 @@ impl TaskCtx {
         self.history.record(self.task, event);
     }
 
-    /// The critical section. Exclusive holders (the mutex, a writer, the first key of
-    /// `with_locks`) do a fenced read, hold, and a fenced write of the value plus one; readers
-    /// and permit holders only hold. Every key held is recorded as acquired first.
+    /// The critical section. Exclusive holders (the mutex, a writer, both keys of
+    /// `with_locks`) do a fenced read of each key, hold, and a fenced write of each value plus
+    /// one, with each key's own token; readers and permit holders only hold. Every key held is
+    /// recorded as acquired first, and each key's write as done after.
     async fn body(&self, op: Op, hold: Duration) {
         let lease = sage_lock::current_lease();
-        let token = lease.as_ref().map_or(0, sage_lock::Lease::fencing_token);
-        let acquired = |key: &str, token, hold| {
+        let token_of = |key: &str| {
+            lease
+                .as_ref()
+                .and_then(|lease| lease.fencing_token_of(key))
+                .unwrap_or(0)
+        };
+        let acquired = |key: &str, hold| {
             self.history.record(
                 self.task,
                 Event::Acquired {
                     key: key.to_owned(),
-                    token,
+                    token: token_of(key),
                     hold,
                 },
             );
         };
-        let (key, writes) = match op {
+        let (keys, writes): (&[&str], bool) = match &op {
             Op::Mutex(key) | Op::Write(key) => {
-                acquired(key, token, Hold::Exclusive);
-                (key, true)
+                acquired(key, Hold::Exclusive);
+                (std::slice::from_ref(key), true)
             }
-            Op::Multi(first, second) => {
-                // `current_lease()` is the first key's; the second's token is not known.
-                acquired(first, token, Hold::Exclusive);
-                acquired(second, 0, Hold::Exclusive);
-                (first, true)
+            Op::Multi(keys) => {
+                for key in keys {
+                    acquired(key, Hold::Exclusive);
+                }
+                (keys, true)
             }
             Op::Read(key) => {
-                acquired(key, token, Hold::Shared);
-                (key, false)
+                acquired(key, Hold::Shared);
+                (std::slice::from_ref(key), false)
             }
             Op::Permit(key) => {
-                acquired(key, token, Hold::Permit(PERMITS));
-                (key, false)
+                acquired(key, Hold::Permit(PERMITS));
+                (std::slice::from_ref(key), false)
             }
         };
-        let write = if writes {
-            self.read_modify_write(key, token, hold).await
+        let writes = if writes {
+            let tokens: Vec<(&str, u64)> = keys.iter().map(|key| (*key, token_of(key))).collect();
+            self.read_modify_write(&tokens, hold).await
         } else {
             tokio::time::sleep(hold).await;
-            WriteOutcome::NoWrite
+            vec![WriteOutcome::NoWrite]
         };
-        self.history.record(
-            self.task,
-            Event::Done {
-                key: key.to_owned(),
-                token,
-                write,
-                valid: lease.as_ref().is_some_and(sage_lock::Lease::is_valid),
-            },
-        );
+        let valid = lease.as_ref().is_some_and(sage_lock::Lease::is_valid);
+        for (key, write) in keys.iter().zip(writes) {
+            self.history.record(
+                self.task,
+                Event::Done {
+                    key: (*key).to_owned(),
+                    token: token_of(key),
+                    write,
+                    valid,
+                },
+            );
+        }
     }
 
-    /// Fenced read, hold, fenced write of the value plus one.
-    async fn read_modify_write(&self, key: &str, token: u64, hold: Duration) -> WriteOutcome {
-        match self.store.read(key, token).await {
-            Ok(Some(value)) => {
-                tokio::time::sleep(hold).await;
-                match self.store.write(key, token, value + 1).await {
+    /// Fenced read of each key, hold, fenced write of each value plus one: one outcome per key.
+    async fn read_modify_write(&self, keys: &[(&str, u64)], hold: Duration) -> Vec<WriteOutcome> {
+        let mut values = Vec::with_capacity(keys.len());
+        for (key, token) in keys {
+            values.push(self.store.read(key, *token).await);
+        }
+        tokio::time::sleep(hold).await;
+        let mut outcomes = Vec::with_capacity(keys.len());
+        for ((key, token), value) in keys.iter().zip(values) {
+            outcomes.push(match value {
+                Ok(Some(value)) => match self.store.write(key, *token, value + 1).await {
                     Ok(true) => WriteOutcome::Accepted,
                     Ok(false) => WriteOutcome::Rejected,
                     Err(_) => WriteOutcome::Failed,
-                }
-            }
-            Ok(None) => WriteOutcome::ReadRejected,
-            Err(_) => WriteOutcome::Failed,
+                },
+                Ok(None) => WriteOutcome::ReadRejected,
+                Err(_) => WriteOutcome::Failed,
+            });
         }
+        outcomes
     }
 }
 

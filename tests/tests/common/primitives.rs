@@ -48,6 +48,7 @@ macro_rules! primitive_suite {
             rw_writer_not_starved_by_readers,
             multi_opposite_orders_never_deadlock,
             multi_all_or_nothing,
+            multi_gives_every_keys_fencing_token,
             primitives_keep_minimum_hold,
         );
     };
@@ -683,6 +684,56 @@ pub async fn multi_all_or_nothing(target: &Target) {
     for key in ["a", "b", "c"] {
         assert!(!raw_exists(&client, &LockClient::server_key(locks.namespace(), key)).await);
     }
+}
+
+/// Inside `with_locks`, every key's fencing token is known, each from its own key's counter
+/// (in a cluster the keys live in different slots, so they come from different script calls).
+pub async fn multi_gives_every_keys_fencing_token(target: &Target) {
+    let client = target.client().await;
+    let locks: Locks<str> = client
+        .lock_with(LockOptions::new().namespace(target.ns("multi-fence")))
+        .expect("opts");
+    let token_of = |key: &'static str| {
+        let locks = locks.clone();
+        async move {
+            locks
+                .with_lock(key, Duration::from_secs(2), async {
+                    sage_lock::current_lease().map(|l| l.fencing_token())
+                })
+                .await
+                .expect("single key")
+        }
+    };
+    // Move b's counter ahead of the others: a = 0, b = 2, c = 0, d = 0.
+    token_of("b").await;
+    token_of("b").await;
+    let (first, of, all) = locks
+        .with_locks(&["c", "b", "a", "d", "b"], Duration::from_secs(2), async {
+            let lease = sage_lock::current_lease().expect("inside the body");
+            let of: Vec<Option<u64>> = ["a", "b", "c", "d", "e"]
+                .iter()
+                .map(|key| lease.fencing_token_of(key))
+                .collect();
+            let mut all: Vec<(String, u64)> = lease
+                .fencing_tokens()
+                .map(|(key, token)| (key.to_owned(), token))
+                .collect();
+            all.sort();
+            (lease.fencing_token(), of, all)
+        })
+        .await
+        .expect("free set");
+    assert_eq!(first, 1, "the first key (c) has its own first token");
+    assert_eq!(of, [Some(1), Some(3), Some(1), Some(1), None]);
+    let owned = |key: &str, token| (key.to_owned(), token);
+    assert_eq!(
+        all,
+        [owned("a", 1), owned("b", 3), owned("c", 1), owned("d", 1)],
+        "each distinct key once"
+    );
+    // The tokens were the keys' own: the next single-key holds go on from them.
+    assert_eq!(token_of("b").await, Some(4));
+    assert_eq!(token_of("d").await, Some(2));
 }
 
 /// With `hold_at_least`, a short body leaves the hold in place until the minimum has passed.
