@@ -617,11 +617,12 @@ async fn lost_notification_costs_at_most_a_poll() {
     }
 }
 
-/// Four processes of two tasks each contend for one key for 30 s with 1 ms sections: every
+/// Four processes of two tasks each contend for one key of `primitive` (a `fair_worker`
+/// primitive: `mutex`, `semaphore` with one permit, `write`) for `run` with 1 ms sections: every
 /// process gets its share and no wait times out.
-async fn no_starvation(kind: ServerKind) {
+async fn no_starvation(kind: ServerKind, primitive: &str, run: Duration) {
     let server = harness::shared(kind);
-    let ns = ns("starve", kind);
+    let ns = ns(&format!("starve-{primitive}"), kind);
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock")
@@ -636,10 +637,11 @@ async fn no_starvation(kind: ServerKind) {
                 &ns,
                 "k",
                 "2",
-                "30000",
+                &run.as_millis().to_string(),
                 "1",
                 "5000",
                 &start,
+                primitive,
             ])
             .stdout(Stdio::piped())
             .kill_on_drop(true)
@@ -671,7 +673,10 @@ async fn no_starvation(kind: ServerKind) {
         sections.iter().copied().min().unwrap_or(0),
         sections.iter().copied().max().unwrap_or(0),
     );
-    println!("{}: 4 processes x 2 tasks, 30 s: {reports:#?}", kind.name());
+    println!(
+        "{} {primitive}: 4 processes x 2 tasks, {run:?}: {reports:#?}",
+        kind.name()
+    );
     assert_eq!(timeouts, 0, "{}: waits timed out: {reports:?}", kind.name());
     assert!(
         fewest * 2 >= most && fewest > 0,
@@ -682,12 +687,20 @@ async fn no_starvation(kind: ServerKind) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_starvation_across_processes_redis() {
-    no_starvation(ServerKind::Redis).await;
+    no_starvation(ServerKind::Redis, "mutex", Duration::from_secs(30)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_starvation_across_processes_valkey() {
-    no_starvation(ServerKind::Valkey).await;
+    no_starvation(ServerKind::Valkey, "mutex", Duration::from_secs(30)).await;
+}
+
+/// The semaphore's waiters queue too: with one permit it is as fair as the mutex.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_semaphore_starvation_across_processes() {
+    for kind in ServerKind::ALL {
+        no_starvation(kind, "semaphore", Duration::from_secs(10)).await;
+    }
 }
 
 /// A failover while a waiter is queued: the waiter still gets the lock (on the new primary),
@@ -748,5 +761,188 @@ async fn queued_waiter_survives_failover() {
             "{}: {handoff:?}",
             kind.name()
         );
+    }
+}
+
+/// Waiting callers of a semaphore with one permit, on the client `client`, in `ns`.
+fn semaphore(client: &LockClient, ns: &str) -> sage_lock::Semaphores<str> {
+    client
+        .semaphore_with(
+            1,
+            LockOptions::new()
+                .namespace(ns)
+                .lease(Duration::from_secs(5)),
+        )
+        .expect("options")
+}
+
+/// How many waiters the semaphore `key` has queued (its queue's cardinality).
+fn sem_queue_len(port: u16, ns: &str, key: &str) -> i64 {
+    harness::cmd(port, &["ZCARD", &format!("{{{ns}:{key}}}:sem-queue")])
+        .ok()
+        .and_then(|r| r.as_int())
+        .unwrap_or(-1)
+}
+
+async fn until_sem_queued(port: u16, ns: &str, key: &str, len: i64) {
+    let start = Instant::now();
+    while sem_queue_len(port, ns, key) < len {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "semaphore queue of {key} never reached {len}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Holds the permit of `key` until the returned sender fires; resolves once held.
+async fn hold_permit(
+    sem: &sage_lock::Semaphores<str>,
+    key: &str,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let (sem, key) = (sem.clone(), key.to_owned());
+    let task = tokio::spawn(async move {
+        sem.acquire(&key, Duration::from_secs(10), async move {
+            let _ = held_tx.send(());
+            let _ = release_rx.await;
+        })
+        .await
+        .expect("hold a permit");
+    });
+    held_rx.await.expect("held");
+    (release_tx, task)
+}
+
+/// A semaphore's waiters in different clients get the permit in the order they started
+/// waiting, and the queue is gone once all of them have had it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_waiters_are_served_in_arrival_order() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let ns = ns("sem-fifo", kind);
+        let holder = connect(&server.url()).await;
+        let (release, held) = hold_permit(&semaphore(&holder, &ns), "k").await;
+        let mut entered = Vec::new();
+        for i in 0..4 {
+            let sem = semaphore(&connect(&server.url()).await, &ns);
+            entered.push((
+                i,
+                tokio::spawn(async move {
+                    sem.acquire("k", Duration::from_secs(10), async {
+                        let at = Instant::now();
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        at
+                    })
+                    .await
+                    .expect("waiter gets the permit")
+                }),
+            ));
+            until_sem_queued(server.port(), &ns, "k", i + 1).await;
+        }
+        let queue = format!("{{{ns}:k}}:sem-queue");
+        let queued = harness::cmd(server.port(), &["ZRANGE", &queue, "0", "-1", "WITHSCORES"]);
+        release.send(()).expect("release");
+        held.await.expect("holder");
+        let mut order = Vec::new();
+        for (i, task) in entered {
+            order.push((task.await.expect("waiter"), i));
+        }
+        order.sort();
+        let order: Vec<i64> = order.into_iter().map(|(_, i)| i).collect();
+        assert_eq!(
+            order,
+            [0, 1, 2, 3],
+            "{}: the queue before the release: {queued:?}",
+            kind.name()
+        );
+        for suffix in ["sem-queue", "sem-due"] {
+            let key = format!("{{{ns}:k}}:{suffix}");
+            let exists = harness::cmd(server.port(), &["EXISTS", &key]).map(|r| r.as_int());
+            assert_eq!(exists, Ok(Some(0)), "{}: {key} left behind", kind.name());
+        }
+    }
+}
+
+/// A free permit stays free for a live queued waiter: a try is refused and a new waiter queues
+/// behind it. Once that waiter's place ends (it died between attempts), the new waiter gets the
+/// permit on its own. The queued waiter is written into the queue directly, so nothing retries
+/// for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_permit_stays_free_for_a_live_queued_waiter() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let ns = ns("sem-reserved", kind);
+        let client = connect(&server.url()).await;
+        let sem = semaphore(&client, &ns);
+        let (queue, dues) = (
+            format!("{{{ns}:k}}:sem-queue"),
+            format!("{{{ns}:k}}:sem-due"),
+        );
+        let time = harness::cmd_ok(server.port(), &["TIME"]);
+        let field = |i: usize| {
+            time.as_array()
+                .and_then(|t| t.get(i))
+                .and_then(|s| s.as_str())
+                .and_then(|s| s.parse::<i64>().ok())
+                .expect("TIME")
+        };
+        let now_ms = field(0) * 1000 + field(1) / 1000;
+        let due = (now_ms + 1500).to_string();
+        harness::cmd_ok(server.port(), &["ZADD", &queue, "0", "ghost"]);
+        harness::cmd_ok(server.port(), &["ZADD", &dues, &due, "ghost"]);
+        let tried = sem.try_acquire("k", async {}).await.expect("try");
+        assert!(
+            tried.is_none(),
+            "{}: a try took the permit a queued waiter is owed",
+            kind.name()
+        );
+        let asked = Instant::now();
+        let entered = sem
+            .acquire("k", Duration::from_secs(5), async { asked.elapsed() })
+            .await
+            .expect("the waiter behind gets the permit once the place ends");
+        println!("{}: entered after {entered:?}", kind.name());
+        assert!(
+            entered > Duration::from_millis(700) && entered < DEAD_WAITER_BOUND,
+            "{}: entered after {entered:?}, the ghost's place lasted about 1.5 s",
+            kind.name()
+        );
+        assert_eq!(sem_queue_len(server.port(), &ns, "k"), 0, "{}", kind.name());
+    }
+}
+
+/// A waiting caller that gives up leaves the queue at once: it does not hold up the permit
+/// until its place would have ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_waiter_that_gives_up_leaves_the_queue() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let ns = ns("sem-give-up", kind);
+        let holder = connect(&server.url()).await;
+        let (release, held) = hold_permit(&semaphore(&holder, &ns), "k").await;
+        let waiter = semaphore(&connect(&server.url()).await, &ns);
+        let waited = waiter
+            .acquire("k", Duration::from_millis(300), async {})
+            .await;
+        assert!(
+            matches!(waited, Err(sage_lock::LockError::TimedOut { .. })),
+            "{}: {waited:?}",
+            kind.name()
+        );
+        assert_eq!(
+            sem_queue_len(server.port(), &ns, "k"),
+            0,
+            "{}: the waiter that gave up is still queued",
+            kind.name()
+        );
+        release.send(()).expect("release");
+        held.await.expect("holder");
+        let tried = waiter.try_acquire("k", async { 1 }).await.expect("try");
+        assert_eq!(tried, Some(1), "{}: free permit, empty queue", kind.name());
     }
 }

@@ -227,8 +227,9 @@ async fn acquire_loop(
     let mut short: Option<(i64, i64)> = None;
     let mut attempts = 0_u32;
     let waiting = matches!(mode, Mode::Wait(_));
-    // Whether this primitive queues waiters on the server and notifies the head on release.
-    let queued = waiting && rules.notifies();
+    // Whether this primitive queues waiters on the server (a refused waiting caller owes the
+    // queue its leaving).
+    let queued = waiting && rules.queues();
     let mut watch: Option<Watch<'_>> = None;
     let mut subscribed = false;
     // When the last attempt that found the lock busy (and so queued) was sent: a release can
@@ -390,9 +391,9 @@ async fn acquire_loop(
                     continue;
                 }
                 if watch.is_none() {
-                    // Watch the queue's channel, or else the channel a primitive without a queue
-                    // announces its releases on (if it does).
-                    let key = if queued {
+                    // Watch the channel a release names the next waiter on, or else the one the
+                    // primitive announces its releases on (if it does).
+                    let key = if queued && rules.notifies() {
                         Some(keys.lock.clone())
                     } else {
                         rules.release_announcement(keys)

@@ -111,6 +111,13 @@ pub(crate) trait Rules: Send + Sync + fmt::Debug {
     fn notifies(&self) -> bool {
         false
     }
+    /// Whether [`Rules::wait_call`] queues a refused waiting caller on the server: its place
+    /// holds up later callers until it ends, so a caller that stops waiting leaves the queue
+    /// with [`Rules::release_call`]. Defaults to [`Rules::notifies`] (a primitive that names the
+    /// next waiter on release has a queue).
+    fn queues(&self) -> bool {
+        self.notifies()
+    }
     /// For a primitive without a waiter queue: the key whose release channel
     /// ([`crate::notify::channel`]) its releases publish an empty message on while a waiting
     /// caller marks the key (see [`Rules::wait_call`]), so waiters in any process retry at once

@@ -4,8 +4,15 @@
 //! The holders of key `k` are the members of the sorted set `{ns:k}:sem`, each a holder's token
 //! scored by its expiry in server milliseconds (`TIME`); every script first drops the expired
 //! members, so a crashed holder's permit comes back when its lease ends. Grants increment the
-//! fencing counter `{ns:k}:fence`. Every release is announced on `{ns:k}:sem}:released` (an
-//! empty message), so waiters in any process try again at once.
+//! fencing counter `{ns:k}:fence`.
+//!
+//! Waiting callers queue in arrival order: the sorted set `{ns:k}:sem-queue` scores each
+//! waiter's token by the server time of its first refusal (µs, strictly increasing), and `{ns:k}:sem-due` scores it by
+//! when its place ends (refreshed by each attempt, at most 2 s ahead, so a dead waiter's place
+//! ends on its own). A free permit goes to the first live waiters only: a caller is granted when
+//! fewer live waiters are queued ahead of it than permits are free. While the queue exists, every
+//! release is announced on `{ns:k}:sem}:released` (an empty message), so waiters in any process
+//! try again at once.
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -28,50 +35,110 @@ use crate::scripts::{Script, ScriptCall};
 /// The suffix of a semaphore's holder set.
 pub(crate) const HOLDERS: &str = ":sem";
 
-/// The suffix of the waiting mark: set by every refused attempt of a waiting caller, for what
-/// is left of its wait (at most 2 s), so that releases announce themselves only while somebody
-/// waits.
-const WAITING: &str = ":sem-waiting";
+/// The suffix of the waiter queue: each waiting caller's token, scored by the server time (µs) of
+/// its first refusal, made strictly increasing so that arrivals never tie.
+const QUEUE: &str = ":sem-queue";
+/// The suffix of the waiters' places: each waiting caller's token, scored by the server time
+/// (ms) its place ends.
+const DUES: &str = ":sem-due";
 
 /// What the release channel is named after: `{ns:k}:sem}`, so the channel,
 /// `{ns:k}:sem}:released`, ends in `}:released` like the mutex's (the README's ACL channel
 /// pattern `&{ns:*}:released` covers it); the hash tag is still `ns:k`.
 const ANNOUNCED: &str = ":sem}";
 
-/// Acquire. `KEYS`: holder set, fencing counter, waiting mark; `ARGV`: token, lease ms, permits,
-/// mark ms (0 for a try). Granted while fewer than `permits` unexpired holders remain (also when
-/// the token already holds a permit, so a retry is safe): `{1, fence}`; else `{0, ms until the
-/// first permit expires}`, and a waiting caller sets the waiting mark for mark ms, so releases
-/// announce themselves.
-/// Every grant, a repeated one too, takes a new fencing token: other holders' grants may have
-/// moved the counter on since this token's first one.
+/// Acquire. `KEYS`: holder set, fencing counter, waiter queue, waiter places; `ARGV`: token,
+/// lease ms, permits, place ms (0 for a try, which never queues). Expired holders are dropped
+/// first. Granted when the token already holds a permit (a retry is safe), or when a permit is
+/// free and fewer live waiters are queued ahead of the caller (all of them, for a caller not
+/// queued) than permits are free; dead waiters met on the way are dropped. A grant takes a new
+/// fencing token, a repeated one too (other holders' grants may have moved the counter on since
+/// this token's first one), and takes the caller out of the queue: `{1, fence}`. Else
+/// `{0, ms until the first permit expires}` (`{0, -1}` when the free permits are the waiters'),
+/// and a waiting caller keeps (or takes) its place, ending place ms from now.
 const ACQUIRE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
+local place = tonumber(ARGV[4])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if not redis.call('ZSCORE', KEYS[1], ARGV[1])
-    and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then
-  if tonumber(ARGV[4]) > 0 then
-    redis.call('SET', KEYS[3], '', 'PX', ARGV[4])
+local granted = redis.call('ZSCORE', KEYS[1], ARGV[1]) ~= false
+local queued = false
+if not granted then
+  local free = tonumber(ARGV[3]) - redis.call('ZCARD', KEYS[1])
+  if free > 0 then
+    granted = true
+    local ahead = 0
+    local index = 0
+    while true do
+      local waiter = redis.call('ZRANGE', KEYS[3], index, index)[1]
+      if not waiter then
+        break
+      end
+      if waiter == ARGV[1] then
+        queued = true
+        break
+      end
+      if tonumber(redis.call('ZSCORE', KEYS[4], waiter) or '0') <= now then
+        redis.call('ZREM', KEYS[3], waiter)
+        redis.call('ZREM', KEYS[4], waiter)
+      else
+        ahead = ahead + 1
+        index = index + 1
+        if ahead >= free then
+          granted = false
+          break
+        end
+      end
+    end
   end
-  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+end
+if granted then
+  local fence = redis.call('INCR', KEYS[2])
+  redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+  if redis.call('PTTL', KEYS[1]) < lease then
+    redis.call('PEXPIRE', KEYS[1], lease)
+  end
+  if queued then
+    redis.call('ZREM', KEYS[3], ARGV[1])
+    redis.call('ZREM', KEYS[4], ARGV[1])
+  end
+  return {1, fence}
+end
+if place > 0 then
+  if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
+    local arrival = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
+    if last then
+      arrival = math.max(arrival, tonumber(last) + 1)
+    end
+    redis.call('ZADD', KEYS[3], arrival, ARGV[1])
+  end
+  redis.call('ZADD', KEYS[4], now + place, ARGV[1])
+  for i = 3, 4 do
+    if redis.call('PTTL', KEYS[i]) < place then
+      redis.call('PEXPIRE', KEYS[i], place)
+    end
+  end
+end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if first[2] then
   return {0, math.max(tonumber(first[2]) - now, 1)}
 end
-local fence = redis.call('INCR', KEYS[2])
-redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
-if redis.call('PTTL', KEYS[1]) < lease then
-  redis.call('PEXPIRE', KEYS[1], lease)
-end
-return {1, fence}
+return {0, -1}
 ";
 
-/// Release. `KEYS`: holder set, waiting mark; `ARGV`: token, release channel. Removes the token
-/// from the holder set and, if it was there while a caller waits (the mark), announces the
-/// release (an empty message). Replies 1 or 0.
+/// Release. `KEYS`: holder set, waiter queue, waiter places; `ARGV`: token, release channel.
+/// Removes the token from the holder set and from the queue (a waiting caller that gives up
+/// leaves it this way); if either freed something while others wait, announces it (an empty
+/// message). Replies 1 if the token held a permit, else 0.
 const RELEASE: &str = r"
 local released = redis.call('ZREM', KEYS[1], ARGV[1])
-if released == 1 and redis.call('EXISTS', KEYS[2]) == 1 then
+local left = redis.call('ZREM', KEYS[2], ARGV[1])
+if left == 1 then
+  redis.call('ZREM', KEYS[3], ARGV[1])
+end
+if released + left > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
   redis.pcall('SPUBLISH', ARGV[2], '')
 end
 return released
@@ -135,7 +202,8 @@ impl Rules for SemaphoreRules {
         let call_keys = vec![
             keys.companion(HOLDERS),
             keys.fence.clone(),
-            keys.companion(WAITING),
+            keys.companion(QUEUE),
+            keys.companion(DUES),
         ];
         ACQUIRE_SCRIPT.call(keys.slot, call_keys, args)
     }
@@ -146,7 +214,11 @@ impl Rules for SemaphoreRules {
         token: &Bytes,
         _handoff_lease: Duration,
     ) -> ScriptCall<'static> {
-        let call_keys = vec![keys.companion(HOLDERS), keys.companion(WAITING)];
+        let call_keys = vec![
+            keys.companion(HOLDERS),
+            keys.companion(QUEUE),
+            keys.companion(DUES),
+        ];
         let channel = crate::notify::channel(&keys.companion(ANNOUNCED));
         let args = vec![Value::Bytes(token.clone()), Value::Bytes(channel)];
         RELEASE_SCRIPT.call(keys.slot, call_keys, args)
@@ -154,6 +226,10 @@ impl Rules for SemaphoreRules {
 
     fn release_announcement(&self, keys: &LockKeys) -> Option<Bytes> {
         Some(keys.companion(ANNOUNCED))
+    }
+
+    fn queues(&self) -> bool {
+        true
     }
 
     fn shorten_call(
@@ -176,6 +252,11 @@ impl Rules for SemaphoreRules {
 /// A family of expirable semaphores over keys of type `K`: at most [`Semaphores::permits`]
 /// holders per key at a time, each holding a permit under its own lease (renewed while its body
 /// runs), so a crashed holder's permit comes back when its lease ends.
+///
+/// Waiting callers are served in arrival order, across processes: a free permit goes to the
+/// callers that have waited longest (a place lasts at most 2 s after the caller's last attempt,
+/// so a dead waiter holds a permit up no longer than that), and
+/// [`try_acquire`](Semaphores::try_acquire) never takes a permit a waiting caller is owed.
 ///
 /// Made by [`LockClient::semaphore`](crate::LockClient::semaphore) or
 /// [`LockClient::semaphore_with`](crate::LockClient::semaphore_with); cheap to clone. Options,
@@ -320,7 +401,8 @@ impl<K: ?Sized> Semaphores<K> {
     }
 
     /// Runs `body` under a permit on `key` if one is free now: `Ok(None)` when all permits are
-    /// held (the body is not run), `Ok(Some(output))` after running the body and giving the
+    /// held or the free ones are owed to waiting callers (the body is not run),
+    /// `Ok(Some(output))` after running the body and giving the
     /// permit back. Transient failures are retried as for
     /// [`Locks::try_with_lock`](crate::Locks::try_with_lock).
     ///

@@ -4,7 +4,8 @@
 //!   <start-unix-ms>`: from the given wall-clock start on, `tasks` tasks take the lock on `key` in
 //!   turn for `run-ms`, holding it `section-ms` each time; prints one line
 //!   `sections=N timeouts=T p99_wait_us=P max_wait_us=M first_us=F` (F: when this process's
-//!   first section began, after the start).
+//!   first section began, after the start). An optional last argument names the primitive:
+//!   `mutex` (the default), `semaphore` (one permit) or `write` (the read-write lock's writer).
 //! - `fair_worker wait <url> <namespace> <key> [<wait-ms>]`: prints `waiting`, then waits (up to
 //!   `wait-ms`, default 60 s) for the lock and prints `acquired` when it gets it (tests SIGKILL it while it is queued).
 
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use sage_lock::{LockClient, LockError, LockOptions, Locks};
+use sage_lock::{LockClient, LockError, LockOptions, Locks, RwLocks, Semaphores};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -31,10 +32,24 @@ async fn main() -> Result<(), Error> {
             section_ms,
             wait_ms,
             start_ms,
-        ] if mode == "contend" => {
-            let locks = locks(url, namespace).await?;
+            primitive @ ..,
+        ] if mode == "contend" && primitive.len() <= 1 => {
+            let subject = match primitive.first().map(String::as_str) {
+                None | Some("mutex") => Subject::Mutex(locks(url, namespace).await?),
+                Some("semaphore") => Subject::Semaphore(
+                    LockClient::connect(url)
+                        .await?
+                        .semaphore_with(1, options(namespace))?,
+                ),
+                Some("write") => Subject::Write(
+                    LockClient::connect(url)
+                        .await?
+                        .rw_lock_with(options(namespace))?,
+                ),
+                Some(other) => return Err(format!("unknown primitive {other:?}").into()),
+            };
             contend(
-                locks,
+                subject,
                 key,
                 tasks.parse()?,
                 Duration::from_millis(run_ms.parse()?),
@@ -70,15 +85,41 @@ async fn main() -> Result<(), Error> {
 
 async fn locks(url: &str, namespace: &str) -> Result<Locks<str>, Error> {
     let client = LockClient::connect(url).await?;
-    Ok(client.lock_with::<str>(
-        LockOptions::new()
-            .namespace(namespace)
-            .lease(Duration::from_secs(5)),
-    )?)
+    Ok(client.lock_with::<str>(options(namespace))?)
+}
+
+fn options(namespace: &str) -> LockOptions {
+    LockOptions::new()
+        .namespace(namespace)
+        .lease(Duration::from_secs(5))
+}
+
+/// What `contend` takes turns on.
+#[derive(Clone)]
+enum Subject {
+    Mutex(Locks<str>),
+    Semaphore(Semaphores<str>),
+    Write(RwLocks<str>),
+}
+
+impl Subject {
+    /// Runs `body` holding `key`, waiting up to `wait`.
+    async fn hold<F: Future>(
+        &self,
+        key: &str,
+        wait: Duration,
+        body: F,
+    ) -> Result<F::Output, LockError> {
+        match self {
+            Subject::Mutex(locks) => locks.with_lock(key, wait, body).await,
+            Subject::Semaphore(sem) => sem.acquire(key, wait, body).await,
+            Subject::Write(rw) => rw.write(key, wait, body).await,
+        }
+    }
 }
 
 async fn contend(
-    locks: Locks<str>,
+    locks: Subject,
     key: &str,
     tasks: usize,
     run: Duration,
@@ -99,7 +140,7 @@ async fn contend(
             while Instant::now() < stop {
                 let asked = Instant::now();
                 let entered = locks
-                    .with_lock(key.as_str(), wait, async {
+                    .hold(key.as_str(), wait, async {
                         let entered = asked.elapsed();
                         let since_start = u64::try_from(start.elapsed().as_micros()).unwrap_or(0);
                         first.fetch_min(since_start, Ordering::Relaxed);
