@@ -946,3 +946,105 @@ async fn a_semaphore_waiter_that_gives_up_leaves_the_queue() {
         assert_eq!(tried, Some(1), "{}: free permit, empty queue", kind.name());
     }
 }
+
+/// A read-write lock whose waiting writers queue, on `client`, in `ns`.
+fn rw_lock(client: &LockClient, ns: &str) -> sage_lock::RwLocks<str> {
+    client
+        .rw_lock_with(
+            LockOptions::new()
+                .namespace(ns)
+                .lease(Duration::from_secs(5)),
+        )
+        .expect("options")
+}
+
+fn writer_queue_len(port: u16, ns: &str, key: &str) -> i64 {
+    harness::cmd(port, &["ZCARD", &format!("{{{ns}:{key}}}:wq")])
+        .ok()
+        .and_then(|r| r.as_int())
+        .unwrap_or(-1)
+}
+
+/// Waiting writers in different clients get the lock in the order they started waiting, a
+/// `try_write` while they wait is refused even when the lock is momentarily free, and the queue
+/// is gone once all of them have written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_are_served_in_arrival_order() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let ns = ns("rw-fifo", kind);
+        let holder = connect(&server.url()).await;
+        let rw = rw_lock(&holder, &ns);
+        let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+        let (release, release_rx) = tokio::sync::oneshot::channel::<()>();
+        let held = tokio::spawn({
+            let rw = rw.clone();
+            async move {
+                rw.write("k", Duration::from_secs(10), async move {
+                    let _ = held_tx.send(());
+                    let _ = release_rx.await;
+                })
+                .await
+                .expect("hold the writer");
+            }
+        });
+        held_rx.await.expect("held");
+        let mut entered = Vec::new();
+        for i in 0..4 {
+            let rw = rw_lock(&connect(&server.url()).await, &ns);
+            entered.push((
+                i,
+                tokio::spawn(async move {
+                    rw.write("k", Duration::from_secs(10), async {
+                        let at = Instant::now();
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        at
+                    })
+                    .await
+                    .expect("waiter gets the lock")
+                }),
+            ));
+            let start = Instant::now();
+            while writer_queue_len(server.port(), &ns, "k") < i + 1 {
+                assert!(start.elapsed() < Duration::from_secs(10), "never queued");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        let queue = format!("{{{ns}:k}}:wq");
+        let queued = harness::cmd(server.port(), &["ZRANGE", &queue, "0", "-1", "WITHSCORES"]);
+        release.send(()).expect("release");
+        held.await.expect("holder");
+        let tried = rw.try_write("k", async {}).await.expect("try_write");
+        assert!(
+            tried.is_none(),
+            "{}: try_write overtook queued writers",
+            kind.name()
+        );
+        let mut order = Vec::new();
+        for (i, task) in entered {
+            order.push((task.await.expect("waiter"), i));
+        }
+        order.sort();
+        let order: Vec<i64> = order.into_iter().map(|(_, i)| i).collect();
+        assert_eq!(
+            order,
+            [0, 1, 2, 3],
+            "{}: the queue before the release: {queued:?}",
+            kind.name()
+        );
+        for suffix in ["wq", "wd"] {
+            let key = format!("{{{ns}:k}}:{suffix}");
+            let exists = harness::cmd(server.port(), &["EXISTS", &key]).map(|r| r.as_int());
+            assert_eq!(exists, Ok(Some(0)), "{}: {key} left behind", kind.name());
+        }
+    }
+}
+
+/// The read-write lock's waiting writers queue too: four processes of two writers each get
+/// their share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_writer_starvation_across_processes() {
+    for kind in ServerKind::ALL {
+        no_starvation(kind, "write", Duration::from_secs(10)).await;
+    }
+}

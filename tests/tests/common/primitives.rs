@@ -561,9 +561,10 @@ pub async fn rw_readers_share_writers_exclude(target: &Target) {
 }
 
 /// A writer waiting behind a continuous stream of overlapping readers gets in within its wait;
-/// readers that arrive while it waits queue behind it (the writer's intent). The 4 readers use
-/// clients of their own and start 10 ms apart, so at every instant at least 3 of them hold the
-/// lock: without the intent the writer never finds the lock free (checked by switching it off).
+/// readers that arrive while it waits wait behind it (its place in the writer queue). The 4
+/// readers use clients of their own and start 10 ms apart, so at every instant at least 3 of
+/// them hold the lock: if readers ignored the queue the writer would never find the lock free
+/// (checked by switching the readers' check off).
 pub async fn rw_writer_not_starved_by_readers(target: &Target) {
     let client = target.client().await;
     let ns = target.ns("rw-starve");

@@ -4,13 +4,15 @@
 //! Key `k`'s readers are the members of the sorted set `{ns:k}:r`, each a reader's token scored
 //! by its expiry in server milliseconds (`TIME`), so every reader has a lease of its own and a
 //! crashed reader's share expires on its own. The writer is the string key `{ns:k}:w` holding
-//! its token, with the lease as its TTL. A writer that finds readers (or another writer) leaves
-//! its intent in `{ns:k}:wi` for [`WRITER_INTENT`], refreshed by each of its attempts: new
-//! readers wait while it is there, so a stream of readers cannot starve a waiting writer, and a
-//! writer that dies while waiting blocks readers for at most that long. Every grant (readers and
-//! writers) increments the fencing counter `{ns:k}:fence`. While a refused waiting caller marks
-//! the key (`{ns:k}:rw-waiting`), every release is announced on `{ns:k}:w}:released` (an empty
-//! message), so waiters in any process try again at once.
+//! its token, with the lease as its TTL. A waiting writer that is refused takes a place in the
+//! writer queue `{ns:k}:wq` (arrival order; its place ends [`WRITER_INTENT`] after its latest
+//! attempt, kept in `{ns:k}:wd`): writers are granted in arrival order, across processes, and
+//! new readers wait while a live writer is queued, so a stream of readers cannot starve a
+//! waiting writer, and a writer that dies while waiting blocks the lock for at most that long.
+//! Every grant (readers and writers) increments the fencing counter `{ns:k}:fence`. While a
+//! refused waiting reader marks the key (`{ns:k}:rw-waiting`) or a writer is queued, every
+//! release is announced on `{ns:k}:w}:released` (an empty message), so waiters in any process
+//! try again at once.
 
 mod rules;
 
@@ -26,14 +28,14 @@ use crate::error::LockError;
 use crate::key::KeyCodec;
 use crate::options::LockSettings;
 pub use rules::WRITER_INTENT;
-use rules::{READ, TRY_WRITE, WRITE};
+use rules::{READ, WRITE};
 
 /// A family of read-write locks over keys of type `K`: per key, many readers or one writer.
 ///
 /// Each reader holds a lease of its own (renewed while its body runs; renewing one reader never
-/// extends another's), so a crashed reader's share expires on its own. A waiting writer is not
-/// starved by a stream of readers: while it waits, new readers wait behind it (see
-/// [`WRITER_INTENT`]). Readers and writers both get fencing tokens from the key's counter, so a
+/// extends another's), so a crashed reader's share expires on its own. Waiting writers are served
+/// in arrival order, across processes, and are not starved by a stream of readers: while a
+/// writer waits, new readers wait behind it (see [`WRITER_INTENT`]). Readers and writers both get fencing tokens from the key's counter, so a
 /// writer's token is above every earlier grant's. A read-write lock on key `k` is a different
 /// lock from the mutex ([`Locks`](crate::Locks)) on `k`.
 ///
@@ -168,7 +170,7 @@ impl<K: ?Sized> RwLocks<K> {
     }
 
     /// Write-locks `key` if it is free now (no reader, no writer, no waiting writer):
-    /// `Ok(None)` otherwise (the body is not run, and no intent is left behind),
+    /// `Ok(None)` otherwise (the body is not run, and nothing is left behind),
     /// `Ok(Some(output))` after running the body and releasing.
     ///
     /// ```no_run
@@ -189,7 +191,7 @@ impl<K: ?Sized> RwLocks<K> {
         Q: KeyCodec + ?Sized,
         F: Future,
     {
-        self.trying(&TRY_WRITE, key, body)
+        self.trying(&WRITE, key, body)
     }
 
     fn waiting<Q, F>(

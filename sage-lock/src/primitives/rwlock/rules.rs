@@ -18,25 +18,56 @@ use crate::scripts::{Script, ScriptCall};
 const READERS: &str = ":r";
 /// The suffix of the writer key.
 const WRITER: &str = ":w";
-/// The suffix of the waiting writer's intent.
-const INTENT: &str = ":wi";
-/// The suffix of the waiting mark: set by every refused attempt of a waiting caller, for what
-/// is left of its wait (at most 2 s), so that releases announce themselves only while somebody
-/// waits.
+/// The suffix of the writer queue: each waiting writer's token, scored by the server time (µs)
+/// of its first refusal, made strictly increasing so that arrivals never tie.
+const QUEUE: &str = ":wq";
+/// The suffix of the waiting writers' places: each token scored by the server time (ms) its
+/// place ends.
+const DUES: &str = ":wd";
+/// The suffix of the waiting mark: set by every refused attempt of a waiting reader, for what is
+/// left of its wait (at most 2 s), so that releases announce themselves only while somebody
+/// waits (a waiting writer's place in the queue marks the key as well).
 const WAITING: &str = ":rw-waiting";
 
-/// How long a waiting writer's intent blocks new readers after its latest attempt. Its attempts
-/// come at most 200 ms apart, so a live waiting writer keeps it; a dead one frees the readers
-/// this long after its last attempt.
+/// How long a waiting writer's place in the queue lasts after its latest attempt (never past
+/// the end of its wait): while it lasts, new readers and later writers wait behind it. Its
+/// attempts come at most 500 ms apart, so a live waiting writer keeps it; a dead one frees the
+/// lock this long after its last attempt.
 pub const WRITER_INTENT: Duration = Duration::from_secs(1);
 
-/// Read acquire. `KEYS`: readers, fence, writer, intent, waiting mark; `ARGV`: token, lease ms,
-/// mark ms (0 for a try). Granted unless a writer holds the lock or waits for it (a waiting
-/// caller that is refused sets the waiting mark for mark ms, so releases announce themselves); a token that already reads (a retry after an
-/// unknown or unacknowledged outcome) is granted again. Every grant, a repeated one too, takes
-/// a new fencing token: other readers' grants may have moved the counter on since this token's
-/// first one, so the counter is nobody's token but the latest grant's.
-const READ_ACQUIRE: &str = r"
+/// The Lua function `first_live_writer(q, now)` the acquire scripts start with: walks the writer
+/// queue (`KEYS[q]`, places in `KEYS[q + 1]`) from its front, dropping writers whose place has
+/// ended, and answers the first live one (or nil).
+macro_rules! first_live_writer {
+    () => {
+        r"
+local function first_live_writer(q, now)
+  while true do
+    local writer = redis.call('ZRANGE', KEYS[q], 0, 0)[1]
+    if not writer then
+      return nil
+    end
+    if tonumber(redis.call('ZSCORE', KEYS[q + 1], writer) or '0') > now then
+      return writer
+    end
+    redis.call('ZREM', KEYS[q], writer)
+    redis.call('ZREM', KEYS[q + 1], writer)
+  end
+end
+"
+    };
+}
+
+/// Read acquire. `KEYS`: readers, fence, writer, writer queue, writer places, waiting mark;
+/// `ARGV`: token, lease ms, mark ms (0 for a try). Granted unless a writer holds the lock or a
+/// live writer waits for it (a waiting reader that is refused sets the waiting mark for mark
+/// ms, so releases announce themselves); a token that already reads (a retry after an unknown
+/// or unacknowledged outcome) is granted again. Every grant, a repeated one too, takes a new
+/// fencing token: other readers' grants may have moved the counter on since this token's first
+/// one, so the counter is nobody's token but the latest grant's.
+const READ_ACQUIRE: &str = concat!(
+    first_live_writer!(),
+    r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
@@ -44,11 +75,14 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   local wait = redis.call('PTTL', KEYS[3])
   if wait == -2 then
-    wait = redis.call('PTTL', KEYS[4])
+    local writer = first_live_writer(4, now)
+    if writer then
+      wait = tonumber(redis.call('ZSCORE', KEYS[5], writer)) - now
+    end
   end
   if wait ~= -2 then
     if tonumber(ARGV[3]) > 0 then
-      redis.call('SET', KEYS[5], '', 'PX', ARGV[3])
+      redis.call('SET', KEYS[6], '', 'PX', ARGV[3])
     end
     return {0, math.max(wait, 1)}
   end
@@ -59,35 +93,32 @@ if redis.call('PTTL', KEYS[1]) < lease then
   redis.call('PEXPIRE', KEYS[1], lease)
 end
 return {1, fence}
-";
+"
+);
 
-/// Write acquire. `KEYS`: readers, fence, writer, intent, waiting mark; `ARGV`: token, lease
-/// ms, intent ms (0: leave no intent, for `try_write`), mark ms (0 for a try). Granted when there
-/// is no writer, no unexpired reader and no other writer's intent; otherwise (intent ms > 0, no
-/// other intent) claims or refreshes the intent, and a waiting caller sets the waiting mark.
-const WRITE_ACQUIRE: &str = r"
+/// Write acquire. `KEYS`: readers, fence, writer, writer queue, writer places, waiting mark;
+/// `ARGV`: token, lease ms, place ms (0 for a try, which never queues). Granted when there is
+/// no writer, no unexpired reader and no live writer queued ahead of this one (writers whose
+/// place has ended are dropped on the way); the grant takes the writer out of the queue.
+/// Otherwise a waiting writer keeps (or takes) its place in the queue, ending place ms from now.
+const WRITE_ACQUIRE: &str = concat!(
+    first_live_writer!(),
+    r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local intent_ms = tonumber(ARGV[3])
+local place = tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local holder = redis.call('GET', KEYS[3])
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[3], ARGV[2])
   return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
-local function refused(ms)
-  if tonumber(ARGV[4]) > 0 then
-    redis.call('SET', KEYS[5], '', 'PX', ARGV[4])
-  end
-  return {0, math.max(ms, 1)}
-end
-local intent = redis.call('GET', KEYS[4])
-if intent and intent ~= ARGV[1] then
-  return refused(redis.call('PTTL', KEYS[4]))
-end
+local head = first_live_writer(4, now)
 local hint
 if holder then
   hint = redis.call('PTTL', KEYS[3])
+elseif head and head ~= ARGV[1] then
+  hint = tonumber(redis.call('ZSCORE', KEYS[5], head)) - now
 else
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   if first[2] then
@@ -95,57 +126,68 @@ else
   end
 end
 if hint then
-  if intent_ms > 0 then
-    redis.call('SET', KEYS[4], ARGV[1], 'PX', intent_ms)
-    hint = math.min(hint, math.floor(intent_ms / 4))
+  if place > 0 then
+    if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then
+      local arrival = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
+      if last then
+        arrival = math.max(arrival, tonumber(last) + 1)
+      end
+      redis.call('ZADD', KEYS[4], arrival, ARGV[1])
+    end
+    redis.call('ZADD', KEYS[5], now + place, ARGV[1])
+    for i = 4, 5 do
+      if redis.call('PTTL', KEYS[i]) < place then
+        redis.call('PEXPIRE', KEYS[i], place)
+      end
+    end
+    hint = math.min(hint, math.floor(place / 4))
   end
-  return refused(hint)
+  return {0, math.max(hint, 1)}
 end
-if intent then
-  redis.call('DEL', KEYS[4])
+if head then
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('ZREM', KEYS[5], ARGV[1])
 end
 redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
 return {1, redis.call('INCR', KEYS[2])}
-";
+"
+);
 
-/// Read release. `KEYS`: readers, waiting mark; `ARGV`: token, release channel. Removes the
-/// token from the reader set and, if it was there while a caller waits (the mark), announces
-/// the release (an empty message). Replies 1 or 0.
+/// Read release. `KEYS`: readers, waiting mark, writer queue; `ARGV`: token, release channel.
+/// Removes the token from the reader set and, if it was there while somebody waits (the mark or
+/// a queued writer), announces the release (an empty message). Replies 1 or 0.
 const READ_RELEASE: &str = r"
 local released = redis.call('ZREM', KEYS[1], ARGV[1])
-if released == 1 and redis.call('EXISTS', KEYS[2]) == 1 then
+if released == 1 and redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then
   redis.pcall('SPUBLISH', ARGV[2], '')
 end
 return released
 ";
 
-/// Write release. `KEYS`: writer, intent, waiting mark; `ARGV`: token, release channel. Deletes
-/// the writer key and the intent where they hold this token and, if either did while a caller
-/// waits (the mark), announces the release (an empty message); replies 1 when the writer key
-/// was ours.
+/// Write release. `KEYS`: writer, writer queue, writer places, waiting mark; `ARGV`: token,
+/// release channel. Deletes the writer key where it holds this token and takes the token out of
+/// the writer queue (a waiting writer that gives up leaves it this way); if either freed
+/// something while somebody waits (the mark or a queued writer), announces it (an empty
+/// message). Replies 1 when the writer key was ours.
 const WRITE_RELEASE: &str = r"
 local released = 0
-local freed = false
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   released = redis.call('DEL', KEYS[1])
-  freed = true
 end
-if redis.call('GET', KEYS[2]) == ARGV[1] then
-  redis.call('DEL', KEYS[2])
-  freed = true
+local left = redis.call('ZREM', KEYS[2], ARGV[1])
+if left == 1 then
+  redis.call('ZREM', KEYS[3], ARGV[1])
 end
-if freed and redis.call('EXISTS', KEYS[3]) == 1 then
+if released + left > 0 and redis.call('EXISTS', KEYS[4], KEYS[2]) > 0 then
   redis.pcall('SPUBLISH', ARGV[2], '')
 end
 return released
 ";
 
-/// Write shorten (minimum hold). `KEYS`: writer, intent; `ARGV`: token, ms. Lets the writer key
-/// expire in `ms` if it still holds this token, and drops this token's intent. Replies 1 or 0.
+/// Write shorten (minimum hold). `KEYS`: writer; `ARGV`: token, ms. Lets the writer key expire in
+/// `ms` if it still holds this token. Replies 1 or 0.
 const WRITE_SHORTEN: &str = r"
-if redis.call('GET', KEYS[2]) == ARGV[1] then
-  redis.call('DEL', KEYS[2])
-end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
@@ -173,12 +215,13 @@ fn acquire_keys(keys: &LockKeys) -> Vec<Bytes> {
         keys.companion(READERS),
         keys.fence.clone(),
         keys.companion(WRITER),
-        keys.companion(INTENT),
+        keys.companion(QUEUE),
+        keys.companion(DUES),
         keys.companion(WAITING),
     ]
 }
 
-/// A reader's rules: shares with readers, waits for writers.
+/// A reader's rules: shares with readers, waits for writers (holding or queued).
 #[derive(Debug)]
 struct ReadRules;
 
@@ -204,7 +247,11 @@ impl Rules for ReadRules {
         token: &Bytes,
         _handoff_lease: Duration,
     ) -> ScriptCall<'static> {
-        let call_keys = vec![keys.companion(READERS), keys.companion(WAITING)];
+        let call_keys = vec![
+            keys.companion(READERS),
+            keys.companion(WAITING),
+            keys.companion(QUEUE),
+        ];
         let args = vec![
             Value::Bytes(token.clone()),
             Value::Bytes(announcement(keys)),
@@ -233,12 +280,10 @@ impl Rules for ReadRules {
     }
 }
 
-/// A writer's rules: alone; when waiting, blocks new readers through its intent.
+/// A writer's rules: alone; a waiting writer queues in arrival order, and new readers wait
+/// behind the queue's first live writer.
 #[derive(Debug)]
-struct WriteRules {
-    /// Whether a busy attempt leaves the writer's intent (waiting calls only).
-    claim_intent: bool,
-}
+struct WriteRules;
 
 impl Rules for WriteRules {
     fn wait_call(
@@ -248,16 +293,10 @@ impl Rules for WriteRules {
         lease: Duration,
         waiter_ttl: Duration,
     ) -> ScriptCall<'static> {
-        let intent = if self.claim_intent {
-            millis(WRITER_INTENT)
-        } else {
-            0
-        };
         let args = vec![
             Value::Bytes(token.clone()),
             Value::Integer(millis(lease)),
-            Value::Integer(intent),
-            Value::Integer(millis(waiter_ttl)),
+            Value::Integer(millis(waiter_ttl.min(WRITER_INTENT))),
         ];
         WRITE_ACQUIRE_SCRIPT.call(keys.slot, acquire_keys(keys), args)
     }
@@ -270,7 +309,8 @@ impl Rules for WriteRules {
     ) -> ScriptCall<'static> {
         let call_keys = vec![
             keys.companion(WRITER),
-            keys.companion(INTENT),
+            keys.companion(QUEUE),
+            keys.companion(DUES),
             keys.companion(WAITING),
         ];
         let args = vec![
@@ -284,6 +324,10 @@ impl Rules for WriteRules {
         Some(keys.companion(ANNOUNCED))
     }
 
+    fn queues(&self) -> bool {
+        true
+    }
+
     fn shorten_call(
         &self,
         keys: &LockKeys,
@@ -293,8 +337,7 @@ impl Rules for WriteRules {
         // Rounded up: never shorter than asked.
         let millis = i64::try_from(keep_for.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX);
         let args = vec![Value::Bytes(token.clone()), Value::Integer(millis)];
-        let call_keys = vec![keys.companion(WRITER), keys.companion(INTENT)];
-        WRITE_SHORTEN_SCRIPT.call(keys.slot, call_keys, args)
+        WRITE_SHORTEN_SCRIPT.call(keys.slot, vec![keys.companion(WRITER)], args)
     }
 
     fn renew_target(&self, keys: &LockKeys) -> RenewTarget {
@@ -306,13 +349,7 @@ impl Rules for WriteRules {
 }
 
 pub(super) static READ: LazyLock<Arc<dyn Rules>> = LazyLock::new(|| Arc::new(ReadRules));
-pub(super) static WRITE: LazyLock<Arc<dyn Rules>> =
-    LazyLock::new(|| Arc::new(WriteRules { claim_intent: true }));
-pub(super) static TRY_WRITE: LazyLock<Arc<dyn Rules>> = LazyLock::new(|| {
-    Arc::new(WriteRules {
-        claim_intent: false,
-    })
-});
+pub(super) static WRITE: LazyLock<Arc<dyn Rules>> = LazyLock::new(|| Arc::new(WriteRules));
 
 #[cfg(test)]
 mod tests {
@@ -324,7 +361,8 @@ mod tests {
         let all = acquire_keys(&keys);
         assert_eq!(&all[0][..], b"{ns:k}:r");
         assert_eq!(&all[2][..], b"{ns:k}:w");
-        assert_eq!(&all[3][..], b"{ns:k}:wi");
+        assert_eq!(&all[3][..], b"{ns:k}:wq");
+        assert_eq!(&all[4][..], b"{ns:k}:wd");
         assert!(all.iter().all(|k| *k != keys.lock));
     }
 }
