@@ -784,17 +784,6 @@ fn sem_queue_len(port: u16, ns: &str, key: &str) -> i64 {
         .unwrap_or(-1)
 }
 
-async fn until_sem_queued(port: u16, ns: &str, key: &str, len: i64) {
-    let start = Instant::now();
-    while sem_queue_len(port, ns, key) < len {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "semaphore queue of {key} never reached {len}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// Holds the permit of `key` until the returned sender fires; resolves once held.
 async fn hold_permit(
     sem: &sage_lock::Semaphores<str>,
@@ -816,56 +805,6 @@ async fn hold_permit(
     });
     held_rx.await.expect("held");
     (release_tx, task)
-}
-
-/// A semaphore's waiters in different clients get the permit in the order they started
-/// waiting, and the queue is gone once all of them have had it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn semaphore_waiters_are_served_in_arrival_order() {
-    for kind in ServerKind::ALL {
-        let server = harness::shared(kind);
-        let ns = ns("sem-fifo", kind);
-        let holder = connect(&server.url()).await;
-        let (release, held) = hold_permit(&semaphore(&holder, &ns), "k").await;
-        let mut entered = Vec::new();
-        for i in 0..4 {
-            let sem = semaphore(&connect(&server.url()).await, &ns);
-            entered.push((
-                i,
-                tokio::spawn(async move {
-                    sem.acquire("k", Duration::from_secs(10), async {
-                        let at = Instant::now();
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        at
-                    })
-                    .await
-                    .expect("waiter gets the permit")
-                }),
-            ));
-            until_sem_queued(server.port(), &ns, "k", i + 1).await;
-        }
-        let queue = format!("{{{ns}:k}}:sem-queue");
-        let queued = harness::cmd(server.port(), &["ZRANGE", &queue, "0", "-1", "WITHSCORES"]);
-        release.send(()).expect("release");
-        held.await.expect("holder");
-        let mut order = Vec::new();
-        for (i, task) in entered {
-            order.push((task.await.expect("waiter"), i));
-        }
-        order.sort();
-        let order: Vec<i64> = order.into_iter().map(|(_, i)| i).collect();
-        assert_eq!(
-            order,
-            [0, 1, 2, 3],
-            "{}: the queue before the release: {queued:?}",
-            kind.name()
-        );
-        for suffix in ["sem-queue", "sem-due"] {
-            let key = format!("{{{ns}:k}}:{suffix}");
-            let exists = harness::cmd(server.port(), &["EXISTS", &key]).map(|r| r.as_int());
-            assert_eq!(exists, Ok(Some(0)), "{}: {key} left behind", kind.name());
-        }
-    }
 }
 
 /// A free permit stays free for a live queued waiter: a try is refused and a new waiter queues
@@ -947,77 +886,119 @@ async fn a_semaphore_waiter_that_gives_up_leaves_the_queue() {
     }
 }
 
-/// A read-write lock whose waiting writers queue, on `client`, in `ns`.
-fn rw_lock(client: &LockClient, ns: &str) -> sage_lock::RwLocks<str> {
-    client
-        .rw_lock_with(
-            LockOptions::new()
-                .namespace(ns)
-                .lease(Duration::from_secs(5)),
-        )
-        .expect("options")
+/// What a queue test waits on: a one-permit semaphore or the read-write lock's writer.
+#[derive(Clone)]
+enum Queued {
+    Permit(sage_lock::Semaphores<str>),
+    Write(sage_lock::RwLocks<str>),
 }
 
-fn writer_queue_len(port: u16, ns: &str, key: &str) -> i64 {
-    harness::cmd(port, &["ZCARD", &format!("{{{ns}:{key}}}:wq")])
-        .ok()
-        .and_then(|r| r.as_int())
-        .unwrap_or(-1)
+impl Queued {
+    /// `primitive` (`"semaphore"` or `"write"`) on `client`, in `ns`.
+    fn new(primitive: &str, client: &LockClient, ns: &str) -> Self {
+        match primitive {
+            "semaphore" => Queued::Permit(semaphore(client, ns)),
+            _ => Queued::Write(
+                client
+                    .rw_lock_with(
+                        LockOptions::new()
+                            .namespace(ns)
+                            .lease(Duration::from_secs(5)),
+                    )
+                    .expect("options"),
+            ),
+        }
+    }
+
+    async fn hold<F: Future>(
+        &self,
+        key: &str,
+        wait: Duration,
+        body: F,
+    ) -> Result<F::Output, sage_lock::LockError> {
+        match self {
+            Queued::Permit(sem) => sem.acquire(key, wait, body).await,
+            Queued::Write(rw) => rw.write(key, wait, body).await,
+        }
+    }
+
+    async fn try_hold(&self, key: &str) -> Option<()> {
+        match self {
+            Queued::Permit(sem) => sem.try_acquire(key, async {}).await,
+            Queued::Write(rw) => rw.try_write(key, async {}).await,
+        }
+        .expect("try")
+    }
+
+    /// The suffixes of the queue and of its places.
+    fn queue_keys(&self) -> [&'static str; 2] {
+        match self {
+            Queued::Permit(_) => ["sem-queue", "sem-due"],
+            Queued::Write(_) => ["wq", "wd"],
+        }
+    }
 }
 
-/// Waiting writers in different clients get the lock in the order they started waiting, a
-/// `try_write` while they wait is refused even when the lock is momentarily free, and the queue
-/// is gone once all of them have written.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn writers_are_served_in_arrival_order() {
+/// Waiting callers of `primitive` in different clients get it in the order they started
+/// waiting, a try while they wait is refused even when the lock is momentarily free, and the
+/// queue is gone once all of them have had it.
+async fn served_in_arrival_order(primitive: &str) {
     for kind in ServerKind::ALL {
         let server = harness::shared(kind);
-        let ns = ns("rw-fifo", kind);
-        let holder = connect(&server.url()).await;
-        let rw = rw_lock(&holder, &ns);
+        let ns = ns(&format!("fifo-{primitive}"), kind);
+        let holder = Queued::new(primitive, &connect(&server.url()).await, &ns);
+        let [queue, places] = holder
+            .queue_keys()
+            .map(|suffix| format!("{{{ns}:k}}:{suffix}"));
+        let queued_len = || {
+            harness::cmd(server.port(), &["ZCARD", &queue])
+                .ok()
+                .and_then(|r| r.as_int())
+                .unwrap_or(-1)
+        };
         let (held_tx, held_rx) = tokio::sync::oneshot::channel();
         let (release, release_rx) = tokio::sync::oneshot::channel::<()>();
         let held = tokio::spawn({
-            let rw = rw.clone();
+            let holder = holder.clone();
             async move {
-                rw.write("k", Duration::from_secs(10), async move {
-                    let _ = held_tx.send(());
-                    let _ = release_rx.await;
-                })
-                .await
-                .expect("hold the writer");
+                holder
+                    .hold("k", Duration::from_secs(10), async move {
+                        let _ = held_tx.send(());
+                        let _ = release_rx.await;
+                    })
+                    .await
+                    .expect("hold");
             }
         });
         held_rx.await.expect("held");
         let mut entered = Vec::new();
         for i in 0..4 {
-            let rw = rw_lock(&connect(&server.url()).await, &ns);
+            let waiter = Queued::new(primitive, &connect(&server.url()).await, &ns);
             entered.push((
                 i,
                 tokio::spawn(async move {
-                    rw.write("k", Duration::from_secs(10), async {
-                        let at = Instant::now();
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        at
-                    })
-                    .await
-                    .expect("waiter gets the lock")
+                    waiter
+                        .hold("k", Duration::from_secs(10), async {
+                            let at = Instant::now();
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            at
+                        })
+                        .await
+                        .expect("waiter gets the lock")
                 }),
             ));
             let start = Instant::now();
-            while writer_queue_len(server.port(), &ns, "k") < i + 1 {
+            while queued_len() < i + 1 {
                 assert!(start.elapsed() < Duration::from_secs(10), "never queued");
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }
-        let queue = format!("{{{ns}:k}}:wq");
         let queued = harness::cmd(server.port(), &["ZRANGE", &queue, "0", "-1", "WITHSCORES"]);
         release.send(()).expect("release");
         held.await.expect("holder");
-        let tried = rw.try_write("k", async {}).await.expect("try_write");
         assert!(
-            tried.is_none(),
-            "{}: try_write overtook queued writers",
+            holder.try_hold("k").await.is_none(),
+            "{} {primitive}: a try overtook the queue",
             kind.name()
         );
         let mut order = Vec::new();
@@ -1029,15 +1010,24 @@ async fn writers_are_served_in_arrival_order() {
         assert_eq!(
             order,
             [0, 1, 2, 3],
-            "{}: the queue before the release: {queued:?}",
+            "{} {primitive}: the queue before the release: {queued:?}",
             kind.name()
         );
-        for suffix in ["wq", "wd"] {
-            let key = format!("{{{ns}:k}}:{suffix}");
-            let exists = harness::cmd(server.port(), &["EXISTS", &key]).map(|r| r.as_int());
+        for key in [&queue, &places] {
+            let exists = harness::cmd(server.port(), &["EXISTS", key]).map(|r| r.as_int());
             assert_eq!(exists, Ok(Some(0)), "{}: {key} left behind", kind.name());
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_waiters_are_served_in_arrival_order() {
+    served_in_arrival_order("semaphore").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_are_served_in_arrival_order() {
+    served_in_arrival_order("write").await;
 }
 
 /// The read-write lock's waiting writers queue too: four processes of two writers each get

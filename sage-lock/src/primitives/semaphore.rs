@@ -56,7 +56,9 @@ const ANNOUNCED: &str = ":sem}";
 /// this token's first one), and takes the caller out of the queue: `{1, fence}`. Else
 /// `{0, ms until the first permit expires}` (`{0, -1}` when the free permits are the waiters'),
 /// and a waiting caller keeps (or takes) its place, ending place ms from now.
-const ACQUIRE: &str = r"
+const ACQUIRE: &str = concat!(
+    waiter_queue_lua!(),
+    r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
@@ -67,30 +69,9 @@ local queued = false
 if not granted then
   local free = tonumber(ARGV[3]) - redis.call('ZCARD', KEYS[1])
   if free > 0 then
-    granted = true
-    local ahead = 0
-    local index = 0
-    while true do
-      local waiter = redis.call('ZRANGE', KEYS[3], index, index)[1]
-      if not waiter then
-        break
-      end
-      if waiter == ARGV[1] then
-        queued = true
-        break
-      end
-      if tonumber(redis.call('ZSCORE', KEYS[4], waiter) or '0') <= now then
-        redis.call('ZREM', KEYS[3], waiter)
-        redis.call('ZREM', KEYS[4], waiter)
-      else
-        ahead = ahead + 1
-        index = index + 1
-        if ahead >= free then
-          granted = false
-          break
-        end
-      end
-    end
+    local ahead
+    ahead, queued = live_ahead(3, ARGV[1], now, free)
+    granted = ahead < free
   end
 end
 if granted then
@@ -106,27 +87,15 @@ if granted then
   return {1, fence}
 end
 if place > 0 then
-  if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
-    local arrival = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
-    if last then
-      arrival = math.max(arrival, tonumber(last) + 1)
-    end
-    redis.call('ZADD', KEYS[3], arrival, ARGV[1])
-  end
-  redis.call('ZADD', KEYS[4], now + place, ARGV[1])
-  for i = 3, 4 do
-    if redis.call('PTTL', KEYS[i]) < place then
-      redis.call('PEXPIRE', KEYS[i], place)
-    end
-  end
+  take_place(3, ARGV[1], t, now, place)
 end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if first[2] then
   return {0, math.max(tonumber(first[2]) - now, 1)}
 end
 return {0, -1}
-";
+"
+);
 
 /// Release. `KEYS`: holder set, waiter queue, waiter places; `ARGV`: token, release channel.
 /// Removes the token from the holder set and from the queue (a waiting caller that gives up

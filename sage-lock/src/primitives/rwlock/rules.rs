@@ -35,29 +35,6 @@ const WAITING: &str = ":rw-waiting";
 /// lock this long after its last attempt.
 pub const WRITER_INTENT: Duration = Duration::from_secs(1);
 
-/// The Lua function `first_live_writer(q, now)` the acquire scripts start with: walks the writer
-/// queue (`KEYS[q]`, places in `KEYS[q + 1]`) from its front, dropping writers whose place has
-/// ended, and answers the first live one (or nil).
-macro_rules! first_live_writer {
-    () => {
-        r"
-local function first_live_writer(q, now)
-  while true do
-    local writer = redis.call('ZRANGE', KEYS[q], 0, 0)[1]
-    if not writer then
-      return nil
-    end
-    if tonumber(redis.call('ZSCORE', KEYS[q + 1], writer) or '0') > now then
-      return writer
-    end
-    redis.call('ZREM', KEYS[q], writer)
-    redis.call('ZREM', KEYS[q + 1], writer)
-  end
-end
-"
-    };
-}
-
 /// Read acquire. `KEYS`: readers, fence, writer, writer queue, writer places, waiting mark;
 /// `ARGV`: token, lease ms, mark ms (0 for a try). Granted unless a writer holds the lock or a
 /// live writer waits for it (a waiting reader that is refused sets the waiting mark for mark
@@ -66,7 +43,7 @@ end
 /// fencing token: other readers' grants may have moved the counter on since this token's first
 /// one, so the counter is nobody's token but the latest grant's.
 const READ_ACQUIRE: &str = concat!(
-    first_live_writer!(),
+    waiter_queue_lua!(),
     r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -74,11 +51,8 @@ local lease = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   local wait = redis.call('PTTL', KEYS[3])
-  if wait == -2 then
-    local writer = first_live_writer(4, now)
-    if writer then
-      wait = tonumber(redis.call('ZSCORE', KEYS[5], writer)) - now
-    end
+  if wait == -2 and live_ahead(4, ARGV[1], now, 1) > 0 then
+    wait = 250
   end
   if wait ~= -2 then
     if tonumber(ARGV[3]) > 0 then
@@ -102,7 +76,7 @@ return {1, fence}
 /// place has ended are dropped on the way); the grant takes the writer out of the queue.
 /// Otherwise a waiting writer keeps (or takes) its place in the queue, ending place ms from now.
 const WRITE_ACQUIRE: &str = concat!(
-    first_live_writer!(),
+    waiter_queue_lua!(),
     r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -113,12 +87,12 @@ if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[3], ARGV[2])
   return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
-local head = first_live_writer(4, now)
+local ahead, queued = live_ahead(4, ARGV[1], now, 1)
 local hint
 if holder then
   hint = redis.call('PTTL', KEYS[3])
-elseif head and head ~= ARGV[1] then
-  hint = tonumber(redis.call('ZSCORE', KEYS[5], head)) - now
+elseif ahead > 0 then
+  hint = 250
 else
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   if first[2] then
@@ -127,25 +101,12 @@ else
 end
 if hint then
   if place > 0 then
-    if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then
-      local arrival = tonumber(t[1]) * 1000000 + tonumber(t[2])
-      local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
-      if last then
-        arrival = math.max(arrival, tonumber(last) + 1)
-      end
-      redis.call('ZADD', KEYS[4], arrival, ARGV[1])
-    end
-    redis.call('ZADD', KEYS[5], now + place, ARGV[1])
-    for i = 4, 5 do
-      if redis.call('PTTL', KEYS[i]) < place then
-        redis.call('PEXPIRE', KEYS[i], place)
-      end
-    end
+    take_place(4, ARGV[1], t, now, place)
     hint = math.min(hint, math.floor(place / 4))
   end
   return {0, math.max(hint, 1)}
 end
-if head then
+if queued then
   redis.call('ZREM', KEYS[4], ARGV[1])
   redis.call('ZREM', KEYS[5], ARGV[1])
 end
