@@ -244,7 +244,7 @@ impl LockKeys {
             .get_or_init(|| std::sync::Arc::from(printable(&self.encoded)))
     }
 
-    /// A companion key of this lock, `{ns:key}<suffix>` (same slot): e.g. `:r`, `:w`, `:wi`,
+    /// A companion key of this lock, `{ns:key}<suffix>` (same slot): e.g. `:r`, `:w`, `:wq`,
     /// `:sem`. Suffixes start with `:` and none equals `:fence`, so the layout stays injective
     /// and distinct from the mutex's `{ns:key}`.
     pub(crate) fn companion(&self, suffix: &str) -> Bytes {
@@ -362,7 +362,16 @@ mod tests {
         ] {
             let keys = LockKeys::new(ns, key);
             assert_eq!(keys.slot, fred::util::redis_keyslot(&keys.fence));
-            for suffix in [":r", ":w", ":wi", ":sem"] {
+            for suffix in [
+                ":r",
+                ":w",
+                ":wq",
+                ":wd",
+                ":rw-waiting",
+                ":sem",
+                ":sem-queue",
+                ":sem-due",
+            ] {
                 let companion = keys.companion(suffix);
                 assert_eq!(keys.slot, fred::util::redis_keyslot(&companion));
                 assert_ne!(companion, keys.lock);
