@@ -7,9 +7,9 @@
 //! fencing counter `{ns:k}:fence`.
 //!
 //! Waiting callers queue in arrival order: the sorted set `{ns:k}:sem-queue` scores each
-//! waiter's token by the server time of its first refusal (µs, strictly increasing), and `{ns:k}:sem-due` scores it by
-//! when its place ends (refreshed by each attempt, at most 2 s ahead, so a dead waiter's place
-//! ends on its own). A free permit goes to the first live waiters only: a caller is granted when
+//! waiter's token by the server time of its first refusal (µs, strictly increasing), and
+//! `{ns:k}:sem-due` scores it by when its place ends (refreshed by each attempt, at most 2 s
+//! ahead, so a dead waiter's place ends on its own; see the `waiter_queue_lua!` text). A free permit goes to the first live waiters only: a caller is granted when
 //! fewer live waiters are queued ahead of it than permits are free. While the queue exists, every
 //! release is announced on `{ns:k}:sem}:released` (an empty message), so waiters in any process
 //! try again at once.
