@@ -110,9 +110,23 @@ pub(crate) fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// `duration` in milliseconds rounded up, as a server argument (saturating): never shorter than
+/// asked, for a hold that must last at least `duration`.
+pub(crate) fn millis_ceil(duration: Duration) -> i64 {
+    i64::try_from(duration.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn millis_ceil_never_rounds_down() {
+        assert_eq!(millis_ceil(Duration::from_micros(1)), 1);
+        assert_eq!(millis_ceil(Duration::from_millis(5)), 5);
+        assert_eq!(millis_ceil(Duration::from_micros(5_001)), 6);
+        assert_eq!(millis_ceil(Duration::MAX), i64::MAX);
+    }
 
     #[test]
     fn transient_server_errors_are_recognised() {

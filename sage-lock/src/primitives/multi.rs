@@ -19,7 +19,7 @@ use crate::engine::{self, Mode, Rules, Unit};
 use crate::error::LockError;
 use crate::key::{KeyCodec, LockKeys};
 use crate::renewal::{HoldKind, RenewTarget};
-use crate::retry::millis;
+use crate::retry::{millis, millis_ceil};
 use crate::scripts::{Script, ScriptCall};
 use crate::topology::Deployment;
 
@@ -174,9 +174,10 @@ impl Rules for UnitRules {
         token: &Bytes,
         keep_for: Duration,
     ) -> ScriptCall<'static> {
-        // Rounded up: never shorter than asked.
-        let millis = i64::try_from(keep_for.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX);
-        let args = vec![Value::Bytes(token.clone()), Value::Integer(millis)];
+        let args = vec![
+            Value::Bytes(token.clone()),
+            Value::Integer(millis_ceil(keep_for)),
+        ];
         SHORTEN_ALL_SCRIPT.call(keys.slot, self.script_keys.clone(), args)
     }
 

@@ -29,7 +29,7 @@ use crate::error::LockError;
 use crate::key::{KeyCodec, LockKeys};
 use crate::options::LockSettings;
 use crate::renewal::{HoldKind, RenewTarget};
-use crate::retry::millis;
+use crate::retry::{millis, millis_ceil};
 use crate::scripts::{Script, ScriptCall};
 
 /// The suffix of a semaphore's holder set.
@@ -142,9 +142,10 @@ pub(crate) fn shorten_member(
     token: &Bytes,
     keep_for: Duration,
 ) -> ScriptCall<'static> {
-    // Rounded up: never shorter than asked.
-    let millis = i64::try_from(keep_for.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX);
-    let args = vec![Value::Bytes(token.clone()), Value::Integer(millis)];
+    let args = vec![
+        Value::Bytes(token.clone()),
+        Value::Integer(millis_ceil(keep_for)),
+    ];
     SHORTEN_SCRIPT.call(keys.slot, vec![keys.companion(suffix)], args)
 }
 

@@ -19,7 +19,7 @@ use fred::types::Value;
 use crate::engine::{self, Rules};
 use crate::key::LockKeys;
 use crate::renewal::{HoldKind, RenewTarget};
-use crate::retry::millis;
+use crate::retry::{millis, millis_ceil};
 use crate::scripts::{Script, ScriptCall};
 
 /// Drops dead waiters (deadline passed, or none) from the head of the queue; leaves the live
@@ -275,9 +275,10 @@ impl Rules for MutexRules {
         token: &Bytes,
         keep_for: Duration,
     ) -> ScriptCall<'static> {
-        // Rounded up: never shorter than asked.
-        let millis = i64::try_from(keep_for.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX);
-        let args = vec![Value::Bytes(token.clone()), Value::Integer(millis)];
+        let args = vec![
+            Value::Bytes(token.clone()),
+            Value::Integer(millis_ceil(keep_for)),
+        ];
         SHORTEN_SCRIPT.on_lock(keys, args)
     }
 

@@ -11,7 +11,7 @@ use super::super::semaphore::shorten_member;
 use crate::engine::Rules;
 use crate::key::LockKeys;
 use crate::renewal::{HoldKind, RenewTarget};
-use crate::retry::millis;
+use crate::retry::{millis, millis_ceil};
 use crate::scripts::{Script, ScriptCall};
 
 /// The suffix of the reader set.
@@ -295,9 +295,10 @@ impl Rules for WriteRules {
         token: &Bytes,
         keep_for: Duration,
     ) -> ScriptCall<'static> {
-        // Rounded up: never shorter than asked.
-        let millis = i64::try_from(keep_for.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX);
-        let args = vec![Value::Bytes(token.clone()), Value::Integer(millis)];
+        let args = vec![
+            Value::Bytes(token.clone()),
+            Value::Integer(millis_ceil(keep_for)),
+        ];
         WRITE_SHORTEN_SCRIPT.call(keys.slot, vec![keys.companion(WRITER)], args)
     }
 
