@@ -621,15 +621,22 @@ async fn lost_notification_costs_at_most_a_poll() {
 /// primitive: `mutex`, `semaphore` with one permit, `write`) for `run` with 1 ms sections: every
 /// process gets its share and no wait times out.
 async fn no_starvation(kind: ServerKind, primitive: &str, run: Duration) {
+    no_starvation_of(kind, [primitive; 4], run).await;
+}
+
+/// Four processes of two tasks each, process `i` taking the lock as `primitives[i]`, contend for
+/// one key for `run` with 1 ms sections: every process gets its share (the fewest sections at
+/// least half the most) and no wait times out.
+async fn no_starvation_of(kind: ServerKind, primitives: [&str; 4], run: Duration) {
     let server = harness::shared(kind);
-    let ns = ns(&format!("starve-{primitive}"), kind);
+    let ns = ns(&format!("starve-{}", primitives.join("-")), kind);
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock")
         .as_millis();
     let start = (now_ms + 1500).to_string();
     let mut children = Vec::new();
-    for _ in 0..4 {
+    for primitive in primitives {
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fair_worker"))
             .args([
                 "contend",
@@ -674,7 +681,7 @@ async fn no_starvation(kind: ServerKind, primitive: &str, run: Duration) {
         sections.iter().copied().max().unwrap_or(0),
     );
     println!(
-        "{} {primitive}: 4 processes x 2 tasks, {run:?}: {reports:#?}",
+        "{} {primitives:?}: 4 processes x 2 tasks, {run:?}: {reports:#?}",
         kind.name()
     );
     assert_eq!(timeouts, 0, "{}: waits timed out: {reports:?}", kind.name());
@@ -855,8 +862,35 @@ async fn a_free_permit_stays_free_for_a_live_queued_waiter() {
     }
 }
 
-/// A waiting caller that gives up leaves the queue at once: it does not hold up the permit
-/// until its place would have ended.
+/// Waits until the `waiting` task is queued (`queued()` is 1), drops its future, and waits until
+/// `queued()` is 0, which a waiter that gave up must reach well before its place (1–2 s after
+/// its last attempt) would end on its own.
+async fn gives_up<T>(waiting: tokio::task::JoinHandle<T>, queued: impl Fn() -> i64, who: &str) {
+    let start = Instant::now();
+    while queued() != 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{who} never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    waiting.abort();
+    assert!(waiting.await.is_err(), "{who} got in");
+    let start = Instant::now();
+    while queued() != 0 {
+        assert!(
+            start.elapsed() < Duration::from_millis(400),
+            "{who} is still queued after {:?}",
+            start.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    println!("{who} left the queue within {:?}", start.elapsed());
+}
+
+/// A waiting caller that gives up leaves the queue at once, whether its wait ran out or its
+/// future was dropped mid-wait: it does not hold up the permit until its place would have
+/// ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_semaphore_waiter_that_gives_up_leaves_the_queue() {
     for kind in ServerKind::ALL {
@@ -876,9 +910,15 @@ async fn a_semaphore_waiter_that_gives_up_leaves_the_queue() {
         assert_eq!(
             sem_queue_len(server.port(), &ns, "k"),
             0,
-            "{}: the waiter that gave up is still queued",
+            "{}: the waiter whose wait ran out is still queued",
             kind.name()
         );
+        let waiting = tokio::spawn({
+            let waiter = waiter.clone();
+            async move { waiter.acquire("k", Duration::from_secs(5), async {}).await }
+        });
+        let queued = || sem_queue_len(server.port(), &ns, "k");
+        gives_up(waiting, queued, "the semaphore waiter that gave up").await;
         release.send(()).expect("release");
         held.await.expect("holder");
         let tried = waiter.try_acquire("k", async { 1 }).await.expect("try");
@@ -1036,5 +1076,228 @@ async fn writers_are_served_in_arrival_order() {
 async fn no_writer_starvation_across_processes() {
     for kind in ServerKind::ALL {
         no_starvation(kind, "write", Duration::from_secs(10)).await;
+    }
+}
+
+/// Readers are not starved by a stream of writers: one process of two readers against three
+/// processes of two writers each gets its share, and no wait times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_reader_starvation_across_processes() {
+    for kind in ServerKind::ALL {
+        no_starvation_of(
+            kind,
+            ["read", "write", "write", "write"],
+            Duration::from_secs(10),
+        )
+        .await;
+    }
+}
+
+/// Readers and writers of one key, each in its own client, enter in the order they started
+/// waiting, and the readers that queued one after the other enter together: behind a holding
+/// writer, reader 0, writer 1, readers 2 and 3 and writer 4 queue in turn; reader 0 goes first,
+/// then writer 1, then readers 2 and 3 at once, then writer 4. A `try_write` during the hand-over
+/// is refused, and both queues are gone afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_and_writers_are_served_in_arrival_order() {
+    const BODY: Duration = Duration::from_millis(100);
+    let writes = [false, true, false, false, true];
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let ns = ns("fifo-rw", kind);
+        let rw = |client: &LockClient| {
+            client
+                .rw_lock_with::<str>(
+                    LockOptions::new()
+                        .namespace(&ns)
+                        .lease(Duration::from_secs(5)),
+                )
+                .expect("options")
+        };
+        let holder = rw(&connect(&server.url()).await);
+        let queues: Vec<String> = ["wq", "wd", "rq", "rd"]
+            .iter()
+            .map(|suffix| format!("{{{ns}:k}}:{suffix}"))
+            .collect();
+        let queued_len = || {
+            [&queues[0], &queues[2]]
+                .iter()
+                .map(|queue| {
+                    harness::cmd(server.port(), &["ZCARD", queue])
+                        .ok()
+                        .and_then(|r| r.as_int())
+                        .unwrap_or(-1)
+                })
+                .sum::<i64>()
+        };
+        let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+        let (release, release_rx) = tokio::sync::oneshot::channel::<()>();
+        let held = tokio::spawn({
+            let holder = holder.clone();
+            async move {
+                holder
+                    .write("k", Duration::from_secs(10), async move {
+                        let _ = held_tx.send(());
+                        let _ = release_rx.await;
+                    })
+                    .await
+                    .expect("hold");
+            }
+        });
+        held_rx.await.expect("held");
+        let mut entered = Vec::new();
+        for (i, write) in (0_i64..).zip(writes) {
+            let waiter = rw(&connect(&server.url()).await);
+            entered.push(tokio::spawn(async move {
+                let body = async {
+                    let at = Instant::now();
+                    tokio::time::sleep(BODY).await;
+                    (at, Instant::now())
+                };
+                let wait = Duration::from_secs(10);
+                if write {
+                    waiter.write("k", wait, body).await
+                } else {
+                    waiter.read("k", wait, body).await
+                }
+                .expect("waiter gets the lock")
+            }));
+            let start = Instant::now();
+            while queued_len() < i + 1 {
+                assert!(start.elapsed() < Duration::from_secs(10), "never queued");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        release.send(()).expect("release");
+        held.await.expect("holder");
+        assert!(
+            holder
+                .try_write("k", async {})
+                .await
+                .expect("try")
+                .is_none(),
+            "{}: a try_write overtook the queue",
+            kind.name()
+        );
+        let mut spans = Vec::new();
+        for task in entered {
+            spans.push(task.await.expect("waiter"));
+        }
+        let name = kind.name();
+        let [r0, w1, r2, r3, w4] = spans[..] else {
+            unreachable!("five waiters")
+        };
+        assert!(r0.1 <= w1.0, "{name}: writer 1 entered while reader 0 read");
+        assert!(
+            w1.1 <= r2.0 && w1.1 <= r3.0,
+            "{name}: a reader overtook writer 1"
+        );
+        assert!(
+            r2.0 < r3.1 && r3.0 < r2.1,
+            "{name}: readers 2 and 3 did not read together: {spans:?}"
+        );
+        assert!(
+            r2.1 <= w4.0 && r3.1 <= w4.0,
+            "{name}: writer 4 entered while a reader read"
+        );
+        for key in &queues {
+            let exists = harness::cmd(server.port(), &["EXISTS", key]).map(|r| r.as_int());
+            assert_eq!(exists, Ok(Some(0)), "{name}: {key} left behind");
+        }
+    }
+}
+
+/// A live queued reader keeps later writers behind it, not later readers: with a reader written
+/// into the reader queue directly (so nothing retries for it), its place ending 1.5 s later, a
+/// `try_write` is refused, a `try_read` enters, and a waiting writer enters once the place ends.
+/// A reader that gives up waiting (its wait ran out, or its future was dropped) leaves the queue
+/// at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_reader_keeps_later_writers_behind_it() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let ns = ns("rw-reader-queued", kind);
+        let rw = connect(&server.url())
+            .await
+            .rw_lock_with::<str>(
+                LockOptions::new()
+                    .namespace(&ns)
+                    .lease(Duration::from_secs(5)),
+            )
+            .expect("options");
+        let (queue, dues) = (format!("{{{ns}:k}}:rq"), format!("{{{ns}:k}}:rd"));
+        let queued_len = || {
+            harness::cmd(server.port(), &["ZCARD", &queue])
+                .ok()
+                .and_then(|r| r.as_int())
+                .unwrap_or(-1)
+        };
+        let time = harness::cmd_ok(server.port(), &["TIME"]);
+        let field = |i: usize| {
+            time.as_array()
+                .and_then(|t| t.get(i))
+                .and_then(|s| s.as_str())
+                .and_then(|s| s.parse::<i64>().ok())
+                .expect("TIME")
+        };
+        let due = (field(0) * 1000 + field(1) / 1000 + 1500).to_string();
+        harness::cmd_ok(server.port(), &["ZADD", &queue, "0", "ghost"]);
+        harness::cmd_ok(server.port(), &["ZADD", &dues, &due, "ghost"]);
+        let name = kind.name();
+        let tried = rw.try_write("k", async {}).await.expect("try_write");
+        assert!(
+            tried.is_none(),
+            "{name}: a try_write overtook a queued reader"
+        );
+        let read = rw.try_read("k", async { 1 }).await.expect("try_read");
+        assert_eq!(read, Some(1), "{name}: a queued reader kept a reader out");
+        let asked = Instant::now();
+        let entered = rw
+            .write("k", Duration::from_secs(5), async { asked.elapsed() })
+            .await
+            .expect("the writer gets the lock once the reader's place ends");
+        println!("{name}: writer entered after {entered:?}");
+        assert!(
+            entered > Duration::from_millis(700) && entered < DEAD_WAITER_BOUND,
+            "{name}: entered after {entered:?}, the queued reader's place lasted about 1.5 s"
+        );
+        assert_eq!(queued_len(), 0, "{name}: the ended place is still queued");
+
+        // A reader that gives up leaves the queue.
+        let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+        let (release, release_rx) = tokio::sync::oneshot::channel::<()>();
+        let writer = tokio::spawn({
+            let rw = rw.clone();
+            async move {
+                rw.write("k", Duration::from_secs(5), async move {
+                    let _ = held_tx.send(());
+                    let _ = release_rx.await;
+                })
+                .await
+                .expect("hold");
+            }
+        });
+        held_rx.await.expect("held");
+        let reader = connect(&server.url())
+            .await
+            .rw_lock_with::<str>(LockOptions::new().namespace(&ns))
+            .expect("options");
+        let waited = reader.read("k", Duration::from_millis(300), async {}).await;
+        assert!(
+            matches!(waited, Err(sage_lock::LockError::TimedOut { .. })),
+            "{name}: {waited:?}"
+        );
+        assert_eq!(
+            queued_len(),
+            0,
+            "{name}: the reader whose wait ran out is still queued"
+        );
+        let reading =
+            tokio::spawn(async move { reader.read("k", Duration::from_secs(5), async {}).await });
+        gives_up(reading, queued_len, "the reader that gave up").await;
+        release.send(()).expect("release");
+        writer.await.expect("writer");
+        let tried = rw.try_write("k", async { 1 }).await.expect("try_write");
+        assert_eq!(tried, Some(1), "{name}: free lock, empty queues");
     }
 }

@@ -2,13 +2,15 @@
 //! [lease engine](crate::engine).
 
 /// The Lua functions of a waiter queue without hand-off (the semaphore's, the read-write lock's
-/// writers'): a sorted set of waiting tokens scored by arrival (server µs, strictly increasing,
+/// writers' and readers'): a sorted set of waiting tokens scored by arrival (server µs, strictly increasing,
 /// so arrivals never tie) and one scoring each by the end of its place (server ms). A script
 /// that uses them starts with this text.
 ///
 /// - `live_ahead(q, token, now, limit)`: walks the queue `KEYS[q]` (places in `KEYS[q + 1]`)
 ///   from its front, dropping waiters whose place has ended, until `limit` live waiters are
 ///   counted or `token` (or the end) is reached; answers the count and whether `token` was met.
+/// - `first_live(q, now)`: the arrival score of the first waiter in `KEYS[q]` whose place has
+///   not ended (dropping those whose place has), or `nil` when there is none.
 /// - `take_place(q, token, t, now, place)`: queues `token` at the back if it is not queued
 ///   (`t`: the script's `TIME` reply) and makes its place end `place` ms after `now`, keeping
 ///   both sets alive at least that long.
@@ -33,6 +35,19 @@ local function live_ahead(q, token, now, limit)
     end
   end
   return ahead, false
+end
+local function first_live(q, now)
+  while true do
+    local first = redis.call('ZRANGE', KEYS[q], 0, 0, 'WITHSCORES')
+    if not first[1] then
+      return nil
+    end
+    if tonumber(redis.call('ZSCORE', KEYS[q + 1], first[1]) or '0') > now then
+      return tonumber(first[2])
+    end
+    redis.call('ZREM', KEYS[q], first[1])
+    redis.call('ZREM', KEYS[q + 1], first[1])
+  end
 end
 local function take_place(q, token, t, now, place)
   if not redis.call('ZSCORE', KEYS[q], token) then

@@ -5,7 +5,8 @@
 //!   turn for `run-ms`, holding it `section-ms` each time; prints one line
 //!   `sections=N timeouts=T p99_wait_us=P max_wait_us=M first_us=F` (F: when this process's
 //!   first section began, after the start). An optional last argument names the primitive:
-//!   `mutex` (the default), `semaphore` (one permit) or `write` (the read-write lock's writer).
+//!   `mutex` (the default), `semaphore` (one permit), `write` or `read` (the read-write lock's
+//!   writer or reader).
 //! - `fair_worker wait <url> <namespace> <key> [<wait-ms>]`: prints `waiting`, then waits (up to
 //!   `wait-ms`, default 60 s) for the lock and prints `acquired` when it gets it (tests SIGKILL it while it is queued).
 
@@ -42,6 +43,11 @@ async fn main() -> Result<(), Error> {
                         .semaphore_with(1, options(namespace))?,
                 ),
                 Some("write") => Subject::Write(
+                    LockClient::connect(url)
+                        .await?
+                        .rw_lock_with(options(namespace))?,
+                ),
+                Some("read") => Subject::Read(
                     LockClient::connect(url)
                         .await?
                         .rw_lock_with(options(namespace))?,
@@ -100,6 +106,7 @@ enum Subject {
     Mutex(Locks<str>),
     Semaphore(Semaphores<str>),
     Write(RwLocks<str>),
+    Read(RwLocks<str>),
 }
 
 impl Subject {
@@ -114,6 +121,7 @@ impl Subject {
             Subject::Mutex(locks) => locks.with_lock(key, wait, body).await,
             Subject::Semaphore(sem) => sem.acquire(key, wait, body).await,
             Subject::Write(rw) => rw.write(key, wait, body).await,
+            Subject::Read(rw) => rw.read(key, wait, body).await,
         }
     }
 }

@@ -4,13 +4,16 @@
 //! Key `k`'s readers are the members of the sorted set `{ns:k}:r`, each a reader's token scored
 //! by its expiry in server milliseconds (`TIME`), so every reader has a lease of its own and a
 //! crashed reader's share expires on its own. The writer is the string key `{ns:k}:w` holding
-//! its token, with the lease as its TTL. A waiting writer that is refused takes a place in the
-//! writer queue `{ns:k}:wq` (arrival order; its place ends [`WRITER_INTENT`] after its latest
-//! attempt, kept in `{ns:k}:wd`): writers are granted in arrival order, across processes, and
-//! new readers wait while a live writer is queued, so a stream of readers cannot starve a
-//! waiting writer, and a writer that dies while waiting blocks the lock for at most that long.
-//! Every grant (readers and writers) increments the fencing counter `{ns:k}:fence`. While a
-//! refused waiting reader marks the key (`{ns:k}:rw-waiting`) or a writer is queued, every
+//! its token, with the lease as its TTL. Waiters are served in arrival order, across processes
+//! (phase-fair): a refused waiting writer takes a place in the writer queue `{ns:k}:wq`, a
+//! refused waiting reader one in the reader queue `{ns:k}:rq`, both scored by the server time of
+//! the first refusal (each place ends [`WRITER_INTENT`] after its waiter's latest attempt, kept
+//! in `{ns:k}:wd` / `{ns:k}:rd`). A writer is granted when nobody holds the lock and no live
+//! waiter, writer or reader, queued before it; a reader when no writer holds the lock and no
+//! live writer queued before it, so all the readers queued before the next writer enter
+//! together. Neither a stream of readers nor a stream of writers can starve the other kind, and
+//! a waiter that dies blocks those behind it for at most [`WRITER_INTENT`]. Every grant (readers
+//! and writers) increments the fencing counter `{ns:k}:fence`. While a waiter is queued, every
 //! release is announced on `{ns:k}:w}:released` (an empty message), so waiters in any process
 //! try again at once.
 
@@ -33,10 +36,11 @@ use rules::{READ, WRITE};
 /// A family of read-write locks over keys of type `K`: per key, many readers or one writer.
 ///
 /// Each reader holds a lease of its own (renewed while its body runs; renewing one reader never
-/// extends another's), so a crashed reader's share expires on its own. Waiting writers are served
-/// in arrival order, across processes, and are not starved by a stream of readers: while a
-/// writer waits, new readers wait behind it (see [`WRITER_INTENT`]). Readers and writers both get fencing tokens from the key's counter, so a
-/// writer's token is above every earlier grant's. A read-write lock on key `k` is a different
+/// extends another's), so a crashed reader's share expires on its own. Waiters are served in
+/// arrival order, across processes: while a writer waits, readers that come later wait behind
+/// it, and a writer waits behind the readers that queued before it (see [`WRITER_INTENT`]), so
+/// neither kind starves the other. Readers and writers both get fencing tokens from the key's
+/// counter, so a writer's token is above every earlier grant's. A read-write lock on key `k` is a different
 /// lock from the mutex ([`Locks`](crate::Locks)) on `k`.
 ///
 /// Made by [`LockClient::rw_lock`](crate::LockClient::rw_lock) or
@@ -121,7 +125,8 @@ impl<K: ?Sized> RwLocks<K> {
     }
 
     /// Waits up to `wait_timeout` to write-lock `key` (alone: no reader, no other writer), runs
-    /// `body`, releases, and returns the body's output. While it waits, new readers wait too.
+    /// `body`, releases, and returns the body's output. While it waits, readers that come later
+    /// wait too.
     ///
     /// # Errors
     /// As for [`Locks::with_lock`](crate::Locks::with_lock).
@@ -169,7 +174,7 @@ impl<K: ?Sized> RwLocks<K> {
         self.trying(&READ, key, body)
     }
 
-    /// Write-locks `key` if it is free now (no reader, no writer, no waiting writer):
+    /// Write-locks `key` if it is free now (no reader, no writer, no waiting writer or reader):
     /// `Ok(None)` otherwise (the body is not run, and nothing is left behind),
     /// `Ok(Some(output))` after running the body and releasing.
     ///

@@ -24,42 +24,57 @@ const QUEUE: &str = ":wq";
 /// The suffix of the waiting writers' places: each token scored by the server time (ms) its
 /// place ends.
 const DUES: &str = ":wd";
-/// The suffix of the waiting mark: set by every refused attempt of a waiting reader, for what is
-/// left of its wait (at most 2 s), so that releases announce themselves only while somebody
-/// waits (a waiting writer's place in the queue marks the key as well).
-const WAITING: &str = ":rw-waiting";
+/// The suffix of the reader queue: each waiting reader's token, scored as in the writer queue
+/// (the two queues' scores compare: whoever queued first goes first).
+const READER_QUEUE: &str = ":rq";
+/// The suffix of the waiting readers' places, as [`DUES`] for writers.
+const READER_DUES: &str = ":rd";
 
-/// How long a waiting writer's place in the queue lasts after its latest attempt (never past
-/// the end of its wait): while it lasts, new readers and later writers wait behind it. Its
-/// attempts come at most 500 ms apart, so a live waiting writer keeps it; a dead one frees the
-/// lock this long after its last attempt.
+/// How long a waiting writer's (or reader's) place in its queue lasts after its latest attempt
+/// (never past the end of its wait): while it lasts, later writers and later readers wait behind
+/// a writer, and later writers behind a reader. Its attempts come at most 250 ms apart, so a
+/// live waiter keeps its place; a dead one holds up those behind it this long after its last
+/// attempt at most.
 pub const WRITER_INTENT: Duration = Duration::from_secs(1);
 
-/// Read acquire. `KEYS`: readers, fence, writer, writer queue, writer places, waiting mark;
-/// `ARGV`: token, lease ms, mark ms (0 for a try). Granted unless a writer holds the lock or a
-/// live writer waits for it (a waiting reader that is refused sets the waiting mark for mark
-/// ms, so releases announce themselves); a token that already reads (a retry after an unknown
-/// or unacknowledged outcome) is granted again. Every grant, a repeated one too, takes a new
-/// fencing token: other readers' grants may have moved the counter on since this token's first
-/// one, so the counter is nobody's token but the latest grant's.
+/// Read acquire. `KEYS`: readers, fence, writer, writer queue, writer places, reader queue,
+/// reader places; `ARGV`: token, lease ms, place ms (0 for a try, which never queues). Granted
+/// unless a writer holds the lock or a live writer queued before this reader (for an unqueued
+/// reader: any live queued writer); the grant takes the reader out of its queue. A refused
+/// waiting reader keeps (or takes) its place in the reader queue, ending place ms from now. A
+/// token that already reads (a retry after an unknown or unacknowledged outcome) is granted
+/// again. Every grant, a repeated one too, takes a new fencing token: other readers' grants may
+/// have moved the counter on since this token's first one, so the counter is nobody's token but
+/// the latest grant's.
 const READ_ACQUIRE: &str = concat!(
     waiter_queue_lua!(),
     r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
+local place = tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   local wait = redis.call('PTTL', KEYS[3])
-  if wait == -2 and live_ahead(4, ARGV[1], now, 1) > 0 then
-    wait = 250
+  if wait == -2 then
+    local writer = first_live(4, now)
+    if writer then
+      local mine = redis.call('ZSCORE', KEYS[6], ARGV[1])
+      if not mine or writer < tonumber(mine) then
+        wait = 250
+      end
+    end
   end
   if wait ~= -2 then
-    if tonumber(ARGV[3]) > 0 then
-      redis.call('SET', KEYS[6], '', 'PX', ARGV[3])
+    if place > 0 then
+      take_place(6, ARGV[1], t, now, place)
+      wait = math.min(wait, math.floor(place / 4))
     end
     return {0, math.max(wait, 1)}
   end
+end
+if redis.call('ZREM', KEYS[6], ARGV[1]) == 1 then
+  redis.call('ZREM', KEYS[7], ARGV[1])
 end
 local fence = redis.call('INCR', KEYS[2])
 redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
@@ -70,11 +85,12 @@ return {1, fence}
 "
 );
 
-/// Write acquire. `KEYS`: readers, fence, writer, writer queue, writer places, waiting mark;
-/// `ARGV`: token, lease ms, place ms (0 for a try, which never queues). Granted when there is
-/// no writer, no unexpired reader and no live writer queued ahead of this one (writers whose
-/// place has ended are dropped on the way); the grant takes the writer out of the queue.
-/// Otherwise a waiting writer keeps (or takes) its place in the queue, ending place ms from now.
+/// Write acquire. `KEYS`: readers, fence, writer, writer queue, writer places, reader queue,
+/// reader places; `ARGV`: token, lease ms, place ms (0 for a try, which never queues). Granted
+/// when there is no writer, no unexpired reader, no live writer queued ahead of this one and no
+/// live reader queued before it (waiters whose place has ended are dropped on the way); the
+/// grant takes the writer out of the queue. Otherwise a waiting writer keeps (or takes) its
+/// place in the writer queue, ending place ms from now.
 const WRITE_ACQUIRE: &str = concat!(
     waiter_queue_lua!(),
     r"
@@ -97,6 +113,11 @@ else
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   if first[2] then
     hint = tonumber(first[2]) - now
+  else
+    local reader = first_live(6, now)
+    if reader and (not queued or reader < tonumber(redis.call('ZSCORE', KEYS[4], ARGV[1]))) then
+      hint = 250
+    end
   end
 end
 if hint then
@@ -115,22 +136,27 @@ return {1, redis.call('INCR', KEYS[2])}
 "
 );
 
-/// Read release. `KEYS`: readers, waiting mark, writer queue; `ARGV`: token, release channel.
-/// Removes the token from the reader set and, if it was there while somebody waits (the mark or
-/// a queued writer), announces the release (an empty message). Replies 1 or 0.
+/// Read release. `KEYS`: readers, reader queue, reader places, writer queue; `ARGV`: token,
+/// release channel. Removes the token from the reader set and from the reader queue (a waiting
+/// reader that gives up leaves it this way); if either freed something while a writer is
+/// queued, announces it (an empty message). Replies 1 when the token was reading.
 const READ_RELEASE: &str = r"
 local released = redis.call('ZREM', KEYS[1], ARGV[1])
-if released == 1 and redis.call('EXISTS', KEYS[2], KEYS[3]) > 0 then
+local left = redis.call('ZREM', KEYS[2], ARGV[1])
+if left == 1 then
+  redis.call('ZREM', KEYS[3], ARGV[1])
+end
+if released + left > 0 and redis.call('EXISTS', KEYS[4]) > 0 then
   redis.pcall('SPUBLISH', ARGV[2], '')
 end
 return released
 ";
 
-/// Write release. `KEYS`: writer, writer queue, writer places, waiting mark; `ARGV`: token,
+/// Write release. `KEYS`: writer, writer queue, writer places, reader queue; `ARGV`: token,
 /// release channel. Deletes the writer key where it holds this token and takes the token out of
 /// the writer queue (a waiting writer that gives up leaves it this way); if either freed
-/// something while somebody waits (the mark or a queued writer), announces it (an empty
-/// message). Replies 1 when the writer key was ours.
+/// something while somebody is queued (a writer or a reader), announces it (an empty message).
+/// Replies 1 when the writer key was ours.
 const WRITE_RELEASE: &str = r"
 local released = 0
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -140,7 +166,7 @@ local left = redis.call('ZREM', KEYS[2], ARGV[1])
 if left == 1 then
   redis.call('ZREM', KEYS[3], ARGV[1])
 end
-if released + left > 0 and redis.call('EXISTS', KEYS[4], KEYS[2]) > 0 then
+if released + left > 0 and redis.call('EXISTS', KEYS[2], KEYS[4]) > 0 then
   redis.pcall('SPUBLISH', ARGV[2], '')
 end
 return released
@@ -178,11 +204,13 @@ fn acquire_keys(keys: &LockKeys) -> Vec<Bytes> {
         keys.companion(WRITER),
         keys.companion(QUEUE),
         keys.companion(DUES),
-        keys.companion(WAITING),
+        keys.companion(READER_QUEUE),
+        keys.companion(READER_DUES),
     ]
 }
 
-/// A reader's rules: shares with readers, waits for writers (holding or queued).
+/// A reader's rules: shares with readers, waits for a writer that holds or queued first; a
+/// waiting reader queues in arrival order.
 #[derive(Debug)]
 struct ReadRules;
 
@@ -197,7 +225,7 @@ impl Rules for ReadRules {
         let args = vec![
             Value::Bytes(token.clone()),
             Value::Integer(millis(lease)),
-            Value::Integer(millis(waiter_ttl)),
+            Value::Integer(millis(waiter_ttl.min(WRITER_INTENT))),
         ];
         READ_ACQUIRE_SCRIPT.call(keys.slot, acquire_keys(keys), args)
     }
@@ -210,7 +238,8 @@ impl Rules for ReadRules {
     ) -> ScriptCall<'static> {
         let call_keys = vec![
             keys.companion(READERS),
-            keys.companion(WAITING),
+            keys.companion(READER_QUEUE),
+            keys.companion(READER_DUES),
             keys.companion(QUEUE),
         ];
         let args = vec![
@@ -222,6 +251,10 @@ impl Rules for ReadRules {
 
     fn release_announcement(&self, keys: &LockKeys) -> Option<Bytes> {
         Some(keys.companion(ANNOUNCED))
+    }
+
+    fn queues(&self) -> bool {
+        true
     }
 
     fn shorten_call(
@@ -241,8 +274,8 @@ impl Rules for ReadRules {
     }
 }
 
-/// A writer's rules: alone; a waiting writer queues in arrival order, and new readers wait
-/// behind the queue's first live writer.
+/// A writer's rules: alone; a waiting writer queues in arrival order, behind the live readers
+/// that queued before it, and readers that come later wait behind it.
 #[derive(Debug)]
 struct WriteRules;
 
@@ -272,7 +305,7 @@ impl Rules for WriteRules {
             keys.companion(WRITER),
             keys.companion(QUEUE),
             keys.companion(DUES),
-            keys.companion(WAITING),
+            keys.companion(READER_QUEUE),
         ];
         let args = vec![
             Value::Bytes(token.clone()),
@@ -325,6 +358,8 @@ mod tests {
         assert_eq!(&all[2][..], b"{ns:k}:w");
         assert_eq!(&all[3][..], b"{ns:k}:wq");
         assert_eq!(&all[4][..], b"{ns:k}:wd");
+        assert_eq!(&all[5][..], b"{ns:k}:rq");
+        assert_eq!(&all[6][..], b"{ns:k}:rd");
         assert!(all.iter().all(|k| *k != keys.lock));
     }
 }
