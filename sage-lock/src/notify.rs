@@ -9,6 +9,10 @@
 //! named by a message takes the [`Grant`] at once instead of finding it at its next poll. Subscriptions outlive their last waiter by [`LINGER`] (so steady contention does
 //! not pay a subscribe per wait), then are dropped: they stay bounded by the keys waited on.
 //!
+//! The primitives whose releases hand nothing over (the semaphore, the read-write lock) publish
+//! on a channel of their own (`Rules::release_announcement`): a bare `token`, naming a waiter the
+//! release lets in, or an empty message, which wakes the channel's waiter whoever it is.
+//!
 //! Notifications are an optimisation, never needed for correctness: waiters keep polling at a
 //! bounded interval, so a message lost to a reconnect, a failover or a missing ACL permission
 //! costs at most one poll. After the subscriber reconnects, it subscribes again and wakes every

@@ -621,20 +621,39 @@ async fn lost_notification_costs_at_most_a_poll() {
 /// primitive: `mutex`, `semaphore` with one permit, `write`) for `run` with 1 ms sections: every
 /// process gets its share and no wait times out.
 async fn no_starvation(kind: ServerKind, primitive: &str, run: Duration) {
-    no_starvation_of(kind, [primitive; 4], run).await;
+    no_starvation_of(kind, [primitive; 4], run, Some(SCRIPTS_PER_SECTION)).await;
 }
+
+/// The most script calls (acquire attempts and releases, all processes) per critical section in
+/// [`no_starvation`]: a release wakes only the waiter it frees the lock for, not every queued
+/// process (about 3: the release, the next holder's attempt, and the attempt with which that
+/// holder's local follower joins the queue).
+const SCRIPTS_PER_SECTION: f64 = 4.5;
 
 /// Four processes of two tasks each, process `i` taking the lock as `primitives[i]`, contend for
 /// one key for `run` with 1 ms sections: every process gets its share (the fewest sections at
-/// least half the most) and no wait times out.
-async fn no_starvation_of(kind: ServerKind, primitives: [&str; 4], run: Duration) {
-    let server = harness::shared(kind);
+/// least half the most), no wait times out, and the server runs at most `max_scripts` script
+/// calls per section. The test has a server of its own, so that the count is its own.
+async fn no_starvation_of(
+    kind: ServerKind,
+    primitives: [&str; 4],
+    run: Duration,
+    max_scripts: Option<f64>,
+) {
+    let server = &Server::start(kind);
     let ns = ns(&format!("starve-{}", primitives.join("-")), kind);
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock")
         .as_millis();
     let start = (now_ms + 1500).to_string();
+    let scripts = || {
+        ["evalsha", "eval"]
+            .iter()
+            .map(|command| harness::commandstats_calls(server.port(), command))
+            .sum::<u64>()
+    };
+    let scripts_before = scripts();
     let mut children = Vec::new();
     for primitive in primitives {
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fair_worker"))
@@ -680,8 +699,11 @@ async fn no_starvation_of(kind: ServerKind, primitives: [&str; 4], run: Duration
         sections.iter().copied().min().unwrap_or(0),
         sections.iter().copied().max().unwrap_or(0),
     );
+    let scripts_per_section =
+        (scripts() - scripts_before) as f64 / sections.iter().sum::<u64>().max(1) as f64;
     println!(
-        "{} {primitives:?}: 4 processes x 2 tasks, {run:?}: {reports:#?}",
+        "{} {primitives:?}: 4 processes x 2 tasks, {run:?}: {reports:#?}, \
+         {scripts_per_section:.2} script calls per section",
         kind.name()
     );
     assert_eq!(timeouts, 0, "{}: waits timed out: {reports:?}", kind.name());
@@ -690,6 +712,14 @@ async fn no_starvation_of(kind: ServerKind, primitives: [&str; 4], run: Duration
         "{}: a process starved: {sections:?}",
         kind.name()
     );
+    if let Some(max) = max_scripts {
+        assert!(
+            scripts_per_section <= max,
+            "{} {primitives:?}: {scripts_per_section:.2} script calls per section (at most \
+             {max}): releases wake waiters that cannot take the lock",
+            kind.name()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1088,6 +1118,7 @@ async fn no_reader_starvation_across_processes() {
             kind,
             ["read", "write", "write", "write"],
             Duration::from_secs(10),
+            None,
         )
         .await;
     }

@@ -440,7 +440,8 @@ async fn primitive_invariants_hold_across_processes() {
     }
 }
 
-/// The read-write lock and the semaphore announce every release on the key's channel: a
+/// The read-write lock and the semaphore announce a release on the key's channel to the waiter
+/// it lets in (a reader behind a writer, a writer behind a reader, a permit behind a permit): a
 /// waiter in another client (another process) retries at once instead of at its next poll
 /// (a backoff from 2 ms doubling to 200 ms, which stays the fallback). Seven rounds each, with
 /// the waiter's backoff grown to 100-200 ms before the release: by polling alone, about one
@@ -454,7 +455,7 @@ async fn other_clients_are_told_of_a_read_write_or_semaphore_release() {
             LockClient::connect(&url).await.expect("connect"),
         );
         let options = LockOptions::new().namespace("announced-release");
-        for primitive in ["write then read", "permit"] {
+        for primitive in ["write then read", "read then write", "permit"] {
             let mut delays = Vec::new();
             for _ in 0..7 {
                 delays.push(release_to_entry(&holder, &waiter, &options, primitive).await);
@@ -498,8 +499,12 @@ async fn release_to_entry(
                 .expect("opts");
             permits.acquire("s", wait, entered).await
         } else {
-            let readers = waiter.rw_lock_with::<str>(options.clone()).expect("opts");
-            readers.read("rw", wait, entered).await
+            let rw = waiter.rw_lock_with::<str>(options.clone()).expect("opts");
+            if primitive == "read then write" {
+                rw.write("rw", wait, entered).await
+            } else {
+                rw.read("rw", wait, entered).await
+            }
         }
     };
     let holding = async {
@@ -509,8 +514,12 @@ async fn release_to_entry(
                 .expect("opts");
             permits.acquire("s", wait, hold).await
         } else {
-            let writers = holder.rw_lock_with::<str>(options.clone()).expect("opts");
-            writers.write("rw", wait, hold).await
+            let rw = holder.rw_lock_with::<str>(options.clone()).expect("opts");
+            if primitive == "read then write" {
+                rw.read("rw", wait, hold).await
+            } else {
+                rw.write("rw", wait, hold).await
+            }
         }
     };
     let (held, entered) = tokio::join!(holding, entered);

@@ -393,12 +393,9 @@ async fn acquire_loop(
                 if watch.is_none() {
                     // Watch the channel a release names the next waiter on, or else the one the
                     // primitive announces its releases on (if it does).
-                    let key = if queued && rules.notifies() {
-                        Some(keys.lock.clone())
-                    } else {
-                        rules.release_announcement(keys)
-                    };
-                    watch = key.map(|key| engine.notifier.watch(&key, held.token.clone()));
+                    watch = rules
+                        .watched_key(keys)
+                        .map(|key| engine.notifier.watch(&key, held.token.clone()));
                 }
                 if let Some(watch) = &mut watch
                     && !subscribed

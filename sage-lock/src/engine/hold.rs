@@ -269,7 +269,9 @@ async fn release_now(
             }) => {
                 let grant =
                     handed_off.map(|fence| Grant::new(fence, Some(sent)).with_lease(handoff_lease));
-                engine.notifier.wake_local(&keys.lock, head, grant);
+                if let Some(key) = rules.watched_key(keys) {
+                    engine.notifier.wake_local(&key, head, grant);
+                }
             }
             _ => engine.waiters.wake_one(&keys.lock),
         }

@@ -118,14 +118,25 @@ pub(crate) trait Rules: Send + Sync + fmt::Debug {
     fn queues(&self) -> bool {
         self.notifies()
     }
-    /// For a primitive without a waiter queue: the key whose release channel
-    /// ([`crate::notify::channel`]) its releases publish an empty message on while a waiting
-    /// caller marks the key (see [`Rules::wait_call`]), so waiters in any process retry at once
-    /// instead of at their next poll. `None` (the default): none. Asked only once a waiting
-    /// caller is refused.
+    /// For a primitive whose releases do not name the next owner on the lock's own channel: the
+    /// key whose release channel ([`crate::notify::channel`]) its releases publish on while
+    /// callers wait, so waiters in any process retry at once instead of at their next poll. A
+    /// message is the token of a waiter the release lets in (the release call's reply names it
+    /// too, as `{released, token}`, when it is the only one), or empty for "every waiter, try
+    /// again". `None` (the default): none. Asked only once a waiting caller is refused.
     fn release_announcement(&self, keys: &LockKeys) -> Option<Bytes> {
         let _ = keys;
         None
+    }
+    /// The key whose release channel a waiting caller watches: the lock's own for a primitive
+    /// whose releases name the next owner there ([`Rules::notifies`]), else
+    /// [`Rules::release_announcement`]'s.
+    fn watched_key(&self, keys: &LockKeys) -> Option<Bytes> {
+        if self.notifies() {
+            Some(keys.lock.clone())
+        } else {
+            self.release_announcement(keys)
+        }
     }
     /// The key a hold granted without waiting may be released from with a plain `DELIFEQ key
     /// token` (where the server has it) instead of the release call: the primitive's scripts

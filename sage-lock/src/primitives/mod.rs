@@ -9,8 +9,10 @@
 /// - `live_ahead(q, token, now, limit)`: walks the queue `KEYS[q]` (places in `KEYS[q + 1]`)
 ///   from its front, dropping waiters whose place has ended, until `limit` live waiters are
 ///   counted or `token` (or the end) is reached; answers the count and whether `token` was met.
-/// - `first_live(q, now)`: the arrival score of the first waiter in `KEYS[q]` whose place has
-///   not ended (dropping those whose place has), or `nil` when there is none.
+/// - `first_live(q, now)`: the arrival score and the token of the first waiter in `KEYS[q]`
+///   whose place has not ended (dropping those whose place has), or `nil` when there is none.
+/// - `live_waiters(q, now, limit)`: the tokens of the first `limit` waiters whose place has not
+///   ended, in queue order (dropping those whose place has, on the way).
 /// - `take_place(q, token, t, now, place)`: queues `token` at the back if it is not queued
 ///   (`t`: the script's `TIME` reply) and makes its place end `place` ms after `now`, keeping
 ///   both sets alive at least that long.
@@ -43,11 +45,27 @@ local function first_live(q, now)
       return nil
     end
     if tonumber(redis.call('ZSCORE', KEYS[q + 1], first[1]) or '0') > now then
-      return tonumber(first[2])
+      return tonumber(first[2]), first[1]
     end
     redis.call('ZREM', KEYS[q], first[1])
     redis.call('ZREM', KEYS[q + 1], first[1])
   end
+end
+local function live_waiters(q, now, limit)
+  local live = {}
+  while #live < limit do
+    local waiter = redis.call('ZRANGE', KEYS[q], #live, #live)[1]
+    if not waiter then
+      break
+    end
+    if tonumber(redis.call('ZSCORE', KEYS[q + 1], waiter) or '0') > now then
+      live[#live + 1] = waiter
+    else
+      redis.call('ZREM', KEYS[q], waiter)
+      redis.call('ZREM', KEYS[q + 1], waiter)
+    end
+  end
+  return live
 end
 local function take_place(q, token, t, now, place)
   if not redis.call('ZSCORE', KEYS[q], token) then

@@ -10,9 +10,9 @@
 //! waiter's token by the server time of its first refusal (µs, strictly increasing), and
 //! `{ns:k}:sem-due` scores it by when its place ends (refreshed by each attempt, at most 2 s
 //! ahead, so a dead waiter's place ends on its own; see the `waiter_queue_lua!` text). A free permit goes to the first live waiters only: a caller is granted when
-//! fewer live waiters are queued ahead of it than permits are free. While the queue exists, every
-//! release is announced on `{ns:k}:sem}:released` (an empty message), so waiters in any process
-//! try again at once.
+//! fewer live waiters are queued ahead of it than permits are free. While the queue exists, a
+//! release names the waiters the free permits now go to on `{ns:k}:sem}:released` (each one's
+//! token), so they try again at once, in any process, and the others stay asleep.
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -97,21 +97,39 @@ return {0, -1}
 "
 );
 
-/// Release. `KEYS`: holder set, waiter queue, waiter places; `ARGV`: token, release channel.
-/// Removes the token from the holder set and from the queue (a waiting caller that gives up
-/// leaves it this way); if either freed something while others wait, announces it (an empty
-/// message). Replies 1 if the token held a permit, else 0.
-const RELEASE: &str = r"
+/// Release. `KEYS`: holder set, waiter queue, waiter places; `ARGV`: token, release channel,
+/// permits. Removes the token from the holder set and from the queue (a waiting caller that
+/// gives up leaves it this way). If either freed something while others wait, it names the
+/// waiters the free permits now go to (the first live ones, one per free permit by this
+/// caller's limit): each one's token is published on the channel, and the reply is
+/// `{released, token}` when one is named (else `released`: 1 if the token held a permit, else
+/// 0).
+const RELEASE: &str = concat!(
+    waiter_queue_lua!(),
+    r"
 local released = redis.call('ZREM', KEYS[1], ARGV[1])
 local left = redis.call('ZREM', KEYS[2], ARGV[1])
 if left == 1 then
   redis.call('ZREM', KEYS[3], ARGV[1])
 end
 if released + left > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.pcall('SPUBLISH', ARGV[2], '')
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  local free = tonumber(ARGV[3]) - redis.call('ZCARD', KEYS[1])
+  if free > 0 then
+    local named = live_waiters(2, now, free)
+    for _, waiter in ipairs(named) do
+      redis.pcall('SPUBLISH', ARGV[2], waiter)
+    end
+    if #named == 1 then
+      return {released, named[1]}
+    end
+  end
 end
 return released
-";
+"
+);
 
 /// Shorten (minimum hold). `KEYS`: holder set; `ARGV`: token, ms. Moves this token's expiry to
 /// `ms` from now (keeping the set alive as long) if it still holds a permit. Replies 1 or 0.
@@ -190,7 +208,11 @@ impl Rules for SemaphoreRules {
             keys.companion(DUES),
         ];
         let channel = crate::notify::channel(&keys.companion(ANNOUNCED));
-        let args = vec![Value::Bytes(token.clone()), Value::Bytes(channel)];
+        let args = vec![
+            Value::Bytes(token.clone()),
+            Value::Bytes(channel),
+            Value::Integer(i64::from(self.permits)),
+        ];
         RELEASE_SCRIPT.call(keys.slot, call_keys, args)
     }
 

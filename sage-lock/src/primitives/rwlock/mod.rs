@@ -13,9 +13,10 @@
 //! live writer queued before it, so all the readers queued before the next writer enter
 //! together. Neither a stream of readers nor a stream of writers can starve the other kind, and
 //! a waiter that dies blocks those behind it for at most [`WRITER_INTENT`]. Every grant (readers
-//! and writers) increments the fencing counter `{ns:k}:fence`. While a waiter is queued, every
-//! release is announced on `{ns:k}:w}:released` (an empty message), so waiters in any process
-//! try again at once.
+//! and writers) increments the fencing counter `{ns:k}:fence`. While a waiter is queued, a
+//! release that lets somebody in names them on `{ns:k}:w}:released`: the next writer's token,
+//! or an empty message when the next in line are readers (every waiter tries again), so they
+//! enter at once, in any process; a reader's release while other readers hold names nobody.
 
 mod rules;
 

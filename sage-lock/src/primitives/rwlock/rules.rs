@@ -136,41 +136,89 @@ return {1, redis.call('INCR', KEYS[2])}
 "
 );
 
-/// Read release. `KEYS`: readers, reader queue, reader places, writer queue; `ARGV`: token,
-/// release channel. Removes the token from the reader set and from the reader queue (a waiting
-/// reader that gives up leaves it this way); if either freed something while a writer is
-/// queued, announces it (an empty message). Replies 1 when the token was reading.
-const READ_RELEASE: &str = r"
-local released = redis.call('ZREM', KEYS[1], ARGV[1])
-local left = redis.call('ZREM', KEYS[2], ARGV[1])
-if left == 1 then
-  redis.call('ZREM', KEYS[3], ARGV[1])
+/// The Lua function both releases end with, after the `waiter_queue_lua!` text.
+/// `announce(channel)`, for `KEYS` readers, writer, writer queue, writer places, reader queue,
+/// reader places: when no writer holds the lock, names who may enter now. When the first live
+/// waiter is a reader, every reader queued before the first live writer may: an empty message
+/// wakes every waiter to try. When it is a writer and no unexpired reader holds, that writer
+/// may: its token is published, and returned (for the release's reply). Else nobody may, and
+/// nothing is published.
+macro_rules! announce_lua {
+    () => {
+        r"
+local function announce(channel)
+  if redis.call('EXISTS', KEYS[2]) == 1 then
+    return nil
+  end
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local writer_at, writer = first_live(3, now)
+  local reader_at = first_live(5, now)
+  if reader_at and (not writer_at or reader_at < writer_at) then
+    redis.pcall('SPUBLISH', channel, '')
+  elseif writer then
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+    if redis.call('EXISTS', KEYS[1]) == 0 then
+      redis.pcall('SPUBLISH', channel, writer)
+      return writer
+    end
+  end
+  return nil
 end
-if released + left > 0 and redis.call('EXISTS', KEYS[4]) > 0 then
-  redis.pcall('SPUBLISH', ARGV[2], '')
-end
-return released
-";
+"
+    };
+}
 
-/// Write release. `KEYS`: writer, writer queue, writer places, reader queue; `ARGV`: token,
-/// release channel. Deletes the writer key where it holds this token and takes the token out of
-/// the writer queue (a waiting writer that gives up leaves it this way); if either freed
-/// something while somebody is queued (a writer or a reader), announces it (an empty message).
-/// Replies 1 when the writer key was ours.
-const WRITE_RELEASE: &str = r"
-local released = 0
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  released = redis.call('DEL', KEYS[1])
-end
-local left = redis.call('ZREM', KEYS[2], ARGV[1])
+/// Read release. `KEYS`: readers, writer, writer queue, writer places, reader queue, reader
+/// places; `ARGV`: token, release channel. Removes the token from the reader set and from the
+/// reader queue (a waiting reader that gives up leaves it this way); if either freed something
+/// while a writer is queued, names who may enter now (`announce`). Replies `{released, token}`
+/// when it names a writer, else `released` (1 when the token was reading, else 0).
+const READ_RELEASE: &str = concat!(
+    waiter_queue_lua!(),
+    announce_lua!(),
+    r"
+local released = redis.call('ZREM', KEYS[1], ARGV[1])
+local left = redis.call('ZREM', KEYS[5], ARGV[1])
 if left == 1 then
-  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[6], ARGV[1])
 end
-if released + left > 0 and redis.call('EXISTS', KEYS[2], KEYS[4]) > 0 then
-  redis.pcall('SPUBLISH', ARGV[2], '')
+if released + left > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
+  local named = announce(ARGV[2])
+  if named then
+    return {released, named}
+  end
 end
 return released
-";
+"
+);
+
+/// Write release. `KEYS` and `ARGV` as for the read release. Deletes the writer key where it
+/// holds this token and takes the token out of the writer queue (a waiting writer that gives up
+/// leaves it this way); if either freed something while somebody is queued (a writer or a
+/// reader), names who may enter now (`announce`). Replies `{released, token}` when it names a
+/// writer, else `released` (1 when the writer key was ours, else 0).
+const WRITE_RELEASE: &str = concat!(
+    waiter_queue_lua!(),
+    announce_lua!(),
+    r"
+local released = 0
+if redis.call('GET', KEYS[2]) == ARGV[1] then
+  released = redis.call('DEL', KEYS[2])
+end
+local left = redis.call('ZREM', KEYS[3], ARGV[1])
+if left == 1 then
+  redis.call('ZREM', KEYS[4], ARGV[1])
+end
+if released + left > 0 and redis.call('EXISTS', KEYS[3], KEYS[5]) > 0 then
+  local named = announce(ARGV[2])
+  if named then
+    return {released, named}
+  end
+end
+return released
+"
+);
 
 /// Write shorten (minimum hold). `KEYS`: writer; `ARGV`: token, ms. Lets the writer key expire in
 /// `ms` if it still holds this token. Replies 1 or 0.
@@ -209,6 +257,18 @@ fn acquire_keys(keys: &LockKeys) -> Vec<Bytes> {
     ]
 }
 
+/// The keys of both release scripts.
+fn release_keys(keys: &LockKeys) -> Vec<Bytes> {
+    vec![
+        keys.companion(READERS),
+        keys.companion(WRITER),
+        keys.companion(QUEUE),
+        keys.companion(DUES),
+        keys.companion(READER_QUEUE),
+        keys.companion(READER_DUES),
+    ]
+}
+
 /// A reader's rules: shares with readers, waits for a writer that holds or queued first; a
 /// waiting reader queues in arrival order.
 #[derive(Debug)]
@@ -236,17 +296,11 @@ impl Rules for ReadRules {
         token: &Bytes,
         _handoff_lease: Duration,
     ) -> ScriptCall<'static> {
-        let call_keys = vec![
-            keys.companion(READERS),
-            keys.companion(READER_QUEUE),
-            keys.companion(READER_DUES),
-            keys.companion(QUEUE),
-        ];
         let args = vec![
             Value::Bytes(token.clone()),
             Value::Bytes(announcement(keys)),
         ];
-        READ_RELEASE_SCRIPT.call(keys.slot, call_keys, args)
+        READ_RELEASE_SCRIPT.call(keys.slot, release_keys(keys), args)
     }
 
     fn release_announcement(&self, keys: &LockKeys) -> Option<Bytes> {
@@ -301,17 +355,11 @@ impl Rules for WriteRules {
         token: &Bytes,
         _handoff_lease: Duration,
     ) -> ScriptCall<'static> {
-        let call_keys = vec![
-            keys.companion(WRITER),
-            keys.companion(QUEUE),
-            keys.companion(DUES),
-            keys.companion(READER_QUEUE),
-        ];
         let args = vec![
             Value::Bytes(token.clone()),
             Value::Bytes(announcement(keys)),
         ];
-        WRITE_RELEASE_SCRIPT.call(keys.slot, call_keys, args)
+        WRITE_RELEASE_SCRIPT.call(keys.slot, release_keys(keys), args)
     }
 
     fn release_announcement(&self, keys: &LockKeys) -> Option<Bytes> {
