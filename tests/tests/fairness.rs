@@ -42,7 +42,8 @@ async fn ping_rtt(client: &LockClient) -> Duration {
     samples[samples.len() / 2]
 }
 
-/// Holds `key` until the returned sender fires; resolves once held.
+/// Holds the mutex `key` until the returned sender fires; resolves once held. The task resolves
+/// to the instant the body ended.
 async fn hold(
     locks: &Locks<str>,
     key: &str,
@@ -50,21 +51,7 @@ async fn hold(
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<Instant>,
 ) {
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
-    let (locks, key) = (locks.clone(), key.to_owned());
-    let task = tokio::spawn(async move {
-        locks
-            .with_lock(&key, Duration::from_secs(10), async move {
-                let _ = held_tx.send(());
-                let _ = release_rx.await;
-                Instant::now()
-            })
-            .await
-            .expect("hold")
-    });
-    held_rx.await.expect("held");
-    (release_tx, task)
+    hold_queued(&Queued::Mutex(locks.clone()), key).await
 }
 
 /// Starts a waiter for `key` on its own client; resolves to the instant its body began.
@@ -815,33 +802,31 @@ fn semaphore(client: &LockClient, ns: &str) -> sage_lock::Semaphores<str> {
 
 /// How many waiters the semaphore `key` has queued (its queue's cardinality).
 fn sem_queue_len(port: u16, ns: &str, key: &str) -> i64 {
-    harness::cmd(port, &["ZCARD", &format!("{{{ns}:{key}}}:sem-queue")])
+    zcard(port, &format!("{{{ns}:{key}}}:sem-queue"))
+}
+
+/// Writes a waiter `ghost` at the front of the waiter queue `queue` (places in `dues`), its place
+/// ending `place_ms` after the server's clock now: a live waiter that never retries.
+fn queue_ghost(port: u16, queue: &str, dues: &str, place_ms: i64) {
+    let time = harness::cmd_ok(port, &["TIME"]);
+    let field = |i: usize| {
+        time.as_array()
+            .and_then(|t| t.get(i))
+            .and_then(|s| s.as_str())
+            .and_then(|s| s.parse::<i64>().ok())
+            .expect("TIME")
+    };
+    let due = (field(0) * 1000 + field(1) / 1000 + place_ms).to_string();
+    harness::cmd_ok(port, &["ZADD", queue, "0", "ghost"]);
+    harness::cmd_ok(port, &["ZADD", dues, &due, "ghost"]);
+}
+
+/// The cardinality of the sorted set `key` (-1 when the server does not answer).
+fn zcard(port: u16, key: &str) -> i64 {
+    harness::cmd(port, &["ZCARD", key])
         .ok()
         .and_then(|r| r.as_int())
         .unwrap_or(-1)
-}
-
-/// Holds the permit of `key` until the returned sender fires; resolves once held.
-async fn hold_permit(
-    sem: &sage_lock::Semaphores<str>,
-    key: &str,
-) -> (
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<()>,
-) {
-    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
-    let (sem, key) = (sem.clone(), key.to_owned());
-    let task = tokio::spawn(async move {
-        sem.acquire(&key, Duration::from_secs(10), async move {
-            let _ = held_tx.send(());
-            let _ = release_rx.await;
-        })
-        .await
-        .expect("hold a permit");
-    });
-    held_rx.await.expect("held");
-    (release_tx, task)
 }
 
 /// A free permit stays free for a live queued waiter: a try is refused and a new waiter queues
@@ -859,18 +844,7 @@ async fn a_free_permit_stays_free_for_a_live_queued_waiter() {
             format!("{{{ns}:k}}:sem-queue"),
             format!("{{{ns}:k}}:sem-due"),
         );
-        let time = harness::cmd_ok(server.port(), &["TIME"]);
-        let field = |i: usize| {
-            time.as_array()
-                .and_then(|t| t.get(i))
-                .and_then(|s| s.as_str())
-                .and_then(|s| s.parse::<i64>().ok())
-                .expect("TIME")
-        };
-        let now_ms = field(0) * 1000 + field(1) / 1000;
-        let due = (now_ms + 1500).to_string();
-        harness::cmd_ok(server.port(), &["ZADD", &queue, "0", "ghost"]);
-        harness::cmd_ok(server.port(), &["ZADD", &dues, &due, "ghost"]);
+        queue_ghost(server.port(), &queue, &dues, 1500);
         let tried = sem.try_acquire("k", async {}).await.expect("try");
         assert!(
             tried.is_none(),
@@ -927,7 +901,7 @@ async fn a_semaphore_waiter_that_gives_up_leaves_the_queue() {
         let server = harness::shared(kind);
         let ns = ns("sem-give-up", kind);
         let holder = connect(&server.url()).await;
-        let (release, held) = hold_permit(&semaphore(&holder, &ns), "k").await;
+        let (release, held) = hold_queued(&Queued::Permit(semaphore(&holder, &ns)), "k").await;
         let waiter = semaphore(&connect(&server.url()).await, &ns);
         let waited = waiter
             .acquire("k", Duration::from_millis(300), async {})
@@ -956,9 +930,10 @@ async fn a_semaphore_waiter_that_gives_up_leaves_the_queue() {
     }
 }
 
-/// What a queue test waits on: a one-permit semaphore or the read-write lock's writer.
+/// What a queue test waits on: a mutex, a one-permit semaphore or the read-write lock's writer.
 #[derive(Clone)]
 enum Queued {
+    Mutex(Locks<str>),
     Permit(sage_lock::Semaphores<str>),
     Write(sage_lock::RwLocks<str>),
 }
@@ -987,6 +962,7 @@ impl Queued {
         body: F,
     ) -> Result<F::Output, sage_lock::LockError> {
         match self {
+            Queued::Mutex(locks) => locks.with_lock(key, wait, body).await,
             Queued::Permit(sem) => sem.acquire(key, wait, body).await,
             Queued::Write(rw) => rw.write(key, wait, body).await,
         }
@@ -994,19 +970,47 @@ impl Queued {
 
     async fn try_hold(&self, key: &str) -> Option<()> {
         match self {
+            Queued::Mutex(locks) => locks.try_with_lock(key, async {}).await,
             Queued::Permit(sem) => sem.try_acquire(key, async {}).await,
             Queued::Write(rw) => rw.try_write(key, async {}).await,
         }
         .expect("try")
     }
 
-    /// The suffixes of the queue and of its places.
+    /// The suffixes of the queue and of its places (the mutex's queue is a list).
     fn queue_keys(&self) -> [&'static str; 2] {
         match self {
+            Queued::Mutex(_) => ["queue", "waiters"],
             Queued::Permit(_) => ["sem-queue", "sem-due"],
             Queued::Write(_) => ["wq", "wd"],
         }
     }
+}
+
+/// Holds `key` through `holder` until the returned sender fires; resolves once held. The task
+/// resolves to the instant the body ended.
+async fn hold_queued(
+    holder: &Queued,
+    key: &str,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Instant>,
+) {
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let (holder, key) = (holder.clone(), key.to_owned());
+    let task = tokio::spawn(async move {
+        holder
+            .hold(&key, Duration::from_secs(10), async move {
+                let _ = held_tx.send(());
+                let _ = release_rx.await;
+                Instant::now()
+            })
+            .await
+            .expect("hold")
+    });
+    held_rx.await.expect("held");
+    (release_tx, task)
 }
 
 /// Waiting callers of `primitive` in different clients get it in the order they started
@@ -1020,27 +1024,8 @@ async fn served_in_arrival_order(primitive: &str) {
         let [queue, places] = holder
             .queue_keys()
             .map(|suffix| format!("{{{ns}:k}}:{suffix}"));
-        let queued_len = || {
-            harness::cmd(server.port(), &["ZCARD", &queue])
-                .ok()
-                .and_then(|r| r.as_int())
-                .unwrap_or(-1)
-        };
-        let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-        let (release, release_rx) = tokio::sync::oneshot::channel::<()>();
-        let held = tokio::spawn({
-            let holder = holder.clone();
-            async move {
-                holder
-                    .hold("k", Duration::from_secs(10), async move {
-                        let _ = held_tx.send(());
-                        let _ = release_rx.await;
-                    })
-                    .await
-                    .expect("hold");
-            }
-        });
-        held_rx.await.expect("held");
+        let queued_len = || zcard(server.port(), &queue);
+        let (release, held) = hold_queued(&holder, "k").await;
         let mut entered = Vec::new();
         for i in 0..4 {
             let waiter = Queued::new(primitive, &connect(&server.url()).await, &ns);
@@ -1153,29 +1138,10 @@ async fn readers_and_writers_are_served_in_arrival_order() {
         let queued_len = || {
             [&queues[0], &queues[2]]
                 .iter()
-                .map(|queue| {
-                    harness::cmd(server.port(), &["ZCARD", queue])
-                        .ok()
-                        .and_then(|r| r.as_int())
-                        .unwrap_or(-1)
-                })
+                .map(|queue| zcard(server.port(), queue))
                 .sum::<i64>()
         };
-        let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-        let (release, release_rx) = tokio::sync::oneshot::channel::<()>();
-        let held = tokio::spawn({
-            let holder = holder.clone();
-            async move {
-                holder
-                    .write("k", Duration::from_secs(10), async move {
-                        let _ = held_tx.send(());
-                        let _ = release_rx.await;
-                    })
-                    .await
-                    .expect("hold");
-            }
-        });
-        held_rx.await.expect("held");
+        let (release, held) = hold_queued(&Queued::Write(holder.clone()), "k").await;
         let mut entered = Vec::new();
         for (i, write) in (0_i64..).zip(writes) {
             let waiter = rw(&connect(&server.url()).await);
@@ -1257,23 +1223,8 @@ async fn a_queued_reader_keeps_later_writers_behind_it() {
             )
             .expect("options");
         let (queue, dues) = (format!("{{{ns}:k}}:rq"), format!("{{{ns}:k}}:rd"));
-        let queued_len = || {
-            harness::cmd(server.port(), &["ZCARD", &queue])
-                .ok()
-                .and_then(|r| r.as_int())
-                .unwrap_or(-1)
-        };
-        let time = harness::cmd_ok(server.port(), &["TIME"]);
-        let field = |i: usize| {
-            time.as_array()
-                .and_then(|t| t.get(i))
-                .and_then(|s| s.as_str())
-                .and_then(|s| s.parse::<i64>().ok())
-                .expect("TIME")
-        };
-        let due = (field(0) * 1000 + field(1) / 1000 + 1500).to_string();
-        harness::cmd_ok(server.port(), &["ZADD", &queue, "0", "ghost"]);
-        harness::cmd_ok(server.port(), &["ZADD", &dues, &due, "ghost"]);
+        let queued_len = || zcard(server.port(), &queue);
+        queue_ghost(server.port(), &queue, &dues, 1500);
         let name = kind.name();
         let tried = rw.try_write("k", async {}).await.expect("try_write");
         assert!(
@@ -1295,20 +1246,7 @@ async fn a_queued_reader_keeps_later_writers_behind_it() {
         assert_eq!(queued_len(), 0, "{name}: the ended place is still queued");
 
         // A reader that gives up leaves the queue.
-        let (held_tx, held_rx) = tokio::sync::oneshot::channel();
-        let (release, release_rx) = tokio::sync::oneshot::channel::<()>();
-        let writer = tokio::spawn({
-            let rw = rw.clone();
-            async move {
-                rw.write("k", Duration::from_secs(5), async move {
-                    let _ = held_tx.send(());
-                    let _ = release_rx.await;
-                })
-                .await
-                .expect("hold");
-            }
-        });
-        held_rx.await.expect("held");
+        let (release, writer) = hold_queued(&Queued::Write(rw.clone()), "k").await;
         let reader = connect(&server.url())
             .await
             .rw_lock_with::<str>(LockOptions::new().namespace(&ns))
