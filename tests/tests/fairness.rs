@@ -612,10 +612,10 @@ async fn no_starvation(kind: ServerKind, primitive: &str, run: Duration) {
 }
 
 /// The most script calls (acquire attempts and releases, all processes) per critical section in
-/// [`no_starvation`]: a release wakes only the waiter it frees the lock for, not every queued
-/// process (about 3: the release, the next holder's attempt, and the attempt with which that
-/// holder's local follower joins the queue).
-const SCRIPTS_PER_SECTION: f64 = 4.5;
+/// [`no_starvation`]: a release hands the lock over to the next waiter and wakes only it, not
+/// every queued process (about 2: the release, and the attempt with which the new holder's
+/// local follower joins the queue).
+const SCRIPTS_PER_SECTION: f64 = 3.0;
 
 /// Four processes of two tasks each, process `i` taking the lock as `primitives[i]`, contend for
 /// one key for `run` with 1 ms sections: every process gets its share (the fewest sections at
@@ -1268,5 +1268,95 @@ async fn a_queued_reader_keeps_later_writers_behind_it() {
         writer.await.expect("writer");
         let tried = rw.try_write("k", async { 1 }).await.expect("try_write");
         assert_eq!(tried, Some(1), "{name}: free lock, empty queues");
+    }
+}
+
+/// A release of the semaphore or of a writer hands the lock over on the server to the first live
+/// queued waiter, with a new fencing token: handed to a waiter that never takes it (written
+/// into the queue directly, its place lasting 10 s), it comes back when the hand-off lease ends
+/// (the releaser's 1 s lease), and a real waiter queued behind it gets it then, with the fencing
+/// token after the one the hand-off took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_to_a_dead_semaphore_or_writer_waiter_lasts_its_lease() {
+    for primitive in ["semaphore", "write"] {
+        for kind in ServerKind::ALL {
+            let server = harness::shared(kind);
+            let ns = ns(&format!("dead-handoff-{primitive}"), kind);
+            let name = format!("{} {primitive}", kind.name());
+            let short = LockOptions::new()
+                .namespace(&ns)
+                .lease(Duration::from_secs(1));
+            let client = connect(&server.url()).await;
+            let holder = match primitive {
+                "semaphore" => Queued::Permit(client.semaphore_with(1, short).expect("options")),
+                _ => Queued::Write(client.rw_lock_with(short).expect("options")),
+            };
+            let [queue, places] = holder
+                .queue_keys()
+                .map(|suffix| format!("{{{ns}:k}}:{suffix}"));
+            let fence = std::sync::Arc::new(std::sync::Mutex::new(0));
+            let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+            let (release, release_rx) = tokio::sync::oneshot::channel::<()>();
+            let held = tokio::spawn({
+                let (holder, fence) = (holder.clone(), fence.clone());
+                async move {
+                    holder
+                        .hold("k", Duration::from_secs(5), async move {
+                            *fence.lock().expect("fence") =
+                                sage_lock::current_lease().expect("lease").fencing_token();
+                            let _ = held_tx.send(());
+                            let _ = release_rx.await;
+                        })
+                        .await
+                        .expect("hold");
+                }
+            });
+            held_rx.await.expect("held");
+            let held_fence = *fence.lock().expect("fence");
+            queue_ghost(server.port(), &queue, &places, 10_000);
+            let waiter = Queued::new(primitive, &connect(&server.url()).await, &ns);
+            let entered = tokio::spawn(async move {
+                waiter
+                    .hold("k", Duration::from_secs(8), async {
+                        let lease = sage_lock::current_lease().expect("lease");
+                        (Instant::now(), lease.fencing_token())
+                    })
+                    .await
+                    .expect("the waiter behind the dead one gets the lock")
+            });
+            let start = Instant::now();
+            while zcard(server.port(), &queue) < 2 {
+                assert!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "{name}: never queued"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            release.send(()).expect("release");
+            held.await.expect("holder");
+            let released_at = Instant::now();
+            let handed = match primitive {
+                "semaphore" => harness::cmd(
+                    server.port(),
+                    &["ZSCORE", &format!("{{{ns}:k}}:sem"), "ghost"],
+                )
+                .map(|r| r.as_str().is_some()),
+                _ => harness::cmd(server.port(), &["GET", &format!("{{{ns}:k}}:w")])
+                    .map(|r| r.as_str() == Some("ghost")),
+            };
+            assert_eq!(handed, Ok(true), "{name}: the release did not hand over");
+            let (at, waiter_fence) = entered.await.expect("waiter");
+            let waited = at.saturating_duration_since(released_at);
+            println!("{name}: the waiter behind the dead one entered {waited:?} after the release");
+            assert!(
+                waited > Duration::from_millis(600) && waited < DEAD_WAITER_BOUND,
+                "{name}: entered {waited:?} after the release; the hand-off lease is 1 s"
+            );
+            assert_eq!(
+                waiter_fence,
+                held_fence + 2,
+                "{name}: the hand-off took the fencing token between the two holds"
+            );
+        }
     }
 }

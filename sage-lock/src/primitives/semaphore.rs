@@ -11,8 +11,9 @@
 //! `{ns:k}:sem-due` scores it by when its place ends (refreshed by each attempt, at most 2 s
 //! ahead, so a dead waiter's place ends on its own; see the `waiter_queue_lua!` text). A free permit goes to the first live waiters only: a caller is granted when
 //! fewer live waiters are queued ahead of it than permits are free. While the queue exists, a
-//! release names the waiters the free permits now go to on `{ns:k}:sem}:released` (each one's
-//! token), so they try again at once, in any process, and the others stay asleep.
+//! release hands the free permits over to the first live waiters on the server (each a holder
+//! for the hand-off lease, with a new fencing token) and names them on `{ns:k}:sem}:released`
+//! (`token:fence:ms`), so they enter at once, in any process, and the others stay asleep.
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -54,8 +55,9 @@ const ANNOUNCED: &str = ":sem}";
 /// queued) than permits are free; dead waiters met on the way are dropped. A grant takes a new
 /// fencing token, a repeated one too (other holders' grants may have moved the counter on since
 /// this token's first one), and takes the caller out of the queue: `{1, fence}`. Else
-/// `{0, ms until the first permit expires}` (`{0, -1}` when the free permits are the waiters'),
-/// and a waiting caller keeps (or takes) its place, ending place ms from now.
+/// `{0, ms until the first permit expires, fencing counter}` (`-1` for the ms when the free
+/// permits are the waiters'), and a waiting caller keeps (or takes) its place, ending place ms
+/// from now.
 const ACQUIRE: &str = concat!(
     waiter_queue_lua!(),
     r"
@@ -89,21 +91,23 @@ end
 if place > 0 then
   take_place(3, ARGV[1], t, now, place)
 end
+local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if first[2] then
-  return {0, math.max(tonumber(first[2]) - now, 1)}
+  return {0, math.max(tonumber(first[2]) - now, 1), counter}
 end
-return {0, -1}
+return {0, -1, counter}
 "
 );
 
-/// Release. `KEYS`: holder set, waiter queue, waiter places; `ARGV`: token, release channel,
-/// permits. Removes the token from the holder set and from the queue (a waiting caller that
-/// gives up leaves it this way). If either freed something while others wait, it names the
-/// waiters the free permits now go to (the first live ones, one per free permit by this
-/// caller's limit): each one's token is published on the channel, and the reply is
-/// `{released, token}` when one is named (else `released`: 1 if the token held a permit, else
-/// 0).
+/// Release. `KEYS`: holder set, waiter queue, waiter places, fencing counter; `ARGV`: token,
+/// release channel, permits, hand-off lease ms. Removes the token from the holder set and from
+/// the queue (a waiting caller that gives up leaves it this way). If either freed something
+/// while others wait, it hands the free permits over (by this caller's limit) to the first live
+/// waiters: each becomes a holder for the hand-off lease with a new fencing token, leaves the
+/// queue, and `token:fence:ms` is published on the channel. The reply is
+/// `{released, token, fence}` when one waiter was handed a permit (else `released`: 1 if the
+/// token held a permit, else 0).
 const RELEASE: &str = concat!(
     waiter_queue_lua!(),
     r"
@@ -118,12 +122,21 @@ if released + left > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   local free = tonumber(ARGV[3]) - redis.call('ZCARD', KEYS[1])
   if free > 0 then
+    local handoff = tonumber(ARGV[4])
     local named = live_waiters(2, now, free)
+    local fence
     for _, waiter in ipairs(named) do
-      redis.pcall('SPUBLISH', ARGV[2], waiter)
+      fence = redis.call('INCR', KEYS[4])
+      redis.call('ZADD', KEYS[1], now + handoff, waiter)
+      redis.call('ZREM', KEYS[2], waiter)
+      redis.call('ZREM', KEYS[3], waiter)
+      redis.pcall('SPUBLISH', ARGV[2], waiter .. ':' .. fence .. ':' .. handoff)
+    end
+    if #named > 0 and redis.call('PTTL', KEYS[1]) < handoff then
+      redis.call('PEXPIRE', KEYS[1], handoff)
     end
     if #named == 1 then
-      return {released, named[1]}
+      return {released, named[1], fence}
     end
   end
 end
@@ -200,18 +213,20 @@ impl Rules for SemaphoreRules {
         &self,
         keys: &LockKeys,
         token: &Bytes,
-        _handoff_lease: Duration,
+        handoff_lease: Duration,
     ) -> ScriptCall<'static> {
         let call_keys = vec![
             keys.companion(HOLDERS),
             keys.companion(QUEUE),
             keys.companion(DUES),
+            keys.fence.clone(),
         ];
         let channel = crate::notify::channel(&keys.companion(ANNOUNCED));
         let args = vec![
             Value::Bytes(token.clone()),
             Value::Bytes(channel),
             Value::Integer(i64::from(self.permits)),
+            Value::Integer(millis(handoff_lease).max(1)),
         ];
         RELEASE_SCRIPT.call(keys.slot, call_keys, args)
     }

@@ -14,9 +14,11 @@
 //! together. Neither a stream of readers nor a stream of writers can starve the other kind, and
 //! a waiter that dies blocks those behind it for at most [`WRITER_INTENT`]. Every grant (readers
 //! and writers) increments the fencing counter `{ns:k}:fence`. While a waiter is queued, a
-//! release that lets somebody in names them on `{ns:k}:w}:released`: the next writer's token,
-//! or an empty message when the next in line are readers (every waiter tries again), so they
-//! enter at once, in any process; a reader's release while other readers hold names nobody.
+//! release that lets the next writer in hands the lock to it on the server (for the hand-off
+//! lease, with a new fencing token) and publishes `token:fence:ms` on `{ns:k}:w}:released`, so
+//! it enters at once, in any process; when readers are next, the release publishes an empty
+//! message (every waiter tries again); a reader's release while other readers hold lets nobody
+//! in.
 
 mod rules;
 

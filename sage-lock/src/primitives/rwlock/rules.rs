@@ -90,7 +90,9 @@ return {1, fence}
 /// when there is no writer, no unexpired reader, no live writer queued ahead of this one and no
 /// live reader queued before it (waiters whose place has ended are dropped on the way); the
 /// grant takes the writer out of the queue. Otherwise a waiting writer keeps (or takes) its
-/// place in the writer queue, ending place ms from now.
+/// place in the writer queue, ending place ms from now, and the reply is `{0, ms to wait at
+/// most, fencing counter}`. A writer the lock was handed to (its token in the writer key) is
+/// granted again, with its fencing token.
 const WRITE_ACQUIRE: &str = concat!(
     waiter_queue_lua!(),
     r"
@@ -125,7 +127,7 @@ if hint then
     take_place(4, ARGV[1], t, now, place)
     hint = math.min(hint, math.floor(place / 4))
   end
-  return {0, math.max(hint, 1)}
+  return {0, math.max(hint, 1), tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
 if queued then
   redis.call('ZREM', KEYS[4], ARGV[1])
@@ -137,16 +139,18 @@ return {1, redis.call('INCR', KEYS[2])}
 );
 
 /// The Lua function both releases end with, after the `waiter_queue_lua!` text.
-/// `announce(channel)`, for `KEYS` readers, writer, writer queue, writer places, reader queue,
-/// reader places: when no writer holds the lock, names who may enter now. When the first live
-/// waiter is a reader, every reader queued before the first live writer may: an empty message
-/// wakes every waiter to try. When it is a writer and no unexpired reader holds, that writer
-/// may: its token is published, and returned (for the release's reply). Else nobody may, and
-/// nothing is published.
+/// `announce(channel, handoff)`, for `KEYS` readers, writer, writer queue, writer places, reader
+/// queue, reader places, fencing counter: when no writer holds the lock, lets in who may enter
+/// now. When the first live waiter is a reader, every reader queued before the first live
+/// writer may: an empty message wakes every waiter to try. When it is a writer and no unexpired
+/// reader holds, the lock passes to that writer on the server (the writer key holds its token
+/// for `handoff` ms, with a new fencing token, and it leaves the queue): `token:fence:ms` is
+/// published, and the token and fence are returned (for the release's reply). Else nobody may,
+/// and nothing is published.
 macro_rules! announce_lua {
     () => {
         r"
-local function announce(channel)
+local function announce(channel, handoff)
   if redis.call('EXISTS', KEYS[2]) == 1 then
     return nil
   end
@@ -159,8 +163,12 @@ local function announce(channel)
   elseif writer then
     redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
     if redis.call('EXISTS', KEYS[1]) == 0 then
-      redis.pcall('SPUBLISH', channel, writer)
-      return writer
+      redis.call('SET', KEYS[2], writer, 'PX', handoff)
+      redis.call('ZREM', KEYS[3], writer)
+      redis.call('ZREM', KEYS[4], writer)
+      local fence = redis.call('INCR', KEYS[7])
+      redis.pcall('SPUBLISH', channel, writer .. ':' .. fence .. ':' .. handoff)
+      return writer, fence
     end
   end
   return nil
@@ -170,10 +178,11 @@ end
 }
 
 /// Read release. `KEYS`: readers, writer, writer queue, writer places, reader queue, reader
-/// places; `ARGV`: token, release channel. Removes the token from the reader set and from the
-/// reader queue (a waiting reader that gives up leaves it this way); if either freed something
-/// while a writer is queued, names who may enter now (`announce`). Replies `{released, token}`
-/// when it names a writer, else `released` (1 when the token was reading, else 0).
+/// places, fencing counter; `ARGV`: token, release channel, hand-off lease ms. Removes the token
+/// from the reader set and from the reader queue (a waiting reader that gives up leaves it this
+/// way); if either freed something while a writer is queued, lets in who may enter now
+/// (`announce`). Replies `{released, token, fence}` when it hands the lock to a writer, else
+/// `released` (1 when the token was reading, else 0).
 const READ_RELEASE: &str = concat!(
     waiter_queue_lua!(),
     announce_lua!(),
@@ -184,9 +193,9 @@ if left == 1 then
   redis.call('ZREM', KEYS[6], ARGV[1])
 end
 if released + left > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
-  local named = announce(ARGV[2])
+  local named, fence = announce(ARGV[2], tonumber(ARGV[3]))
   if named then
-    return {released, named}
+    return {released, named, fence}
   end
 end
 return released
@@ -196,8 +205,8 @@ return released
 /// Write release. `KEYS` and `ARGV` as for the read release. Deletes the writer key where it
 /// holds this token and takes the token out of the writer queue (a waiting writer that gives up
 /// leaves it this way); if either freed something while somebody is queued (a writer or a
-/// reader), names who may enter now (`announce`). Replies `{released, token}` when it names a
-/// writer, else `released` (1 when the writer key was ours, else 0).
+/// reader), lets in who may enter now (`announce`). Replies `{released, token, fence}` when it
+/// hands the lock to a writer, else `released` (1 when the writer key was ours, else 0).
 const WRITE_RELEASE: &str = concat!(
     waiter_queue_lua!(),
     announce_lua!(),
@@ -211,9 +220,9 @@ if left == 1 then
   redis.call('ZREM', KEYS[4], ARGV[1])
 end
 if released + left > 0 and redis.call('EXISTS', KEYS[3], KEYS[5]) > 0 then
-  local named = announce(ARGV[2])
+  local named, fence = announce(ARGV[2], tonumber(ARGV[3]))
   if named then
-    return {released, named}
+    return {released, named, fence}
   end
 end
 return released
@@ -257,16 +266,28 @@ fn acquire_keys(keys: &LockKeys) -> Vec<Bytes> {
     ]
 }
 
-/// The keys of both release scripts.
-fn release_keys(keys: &LockKeys) -> Vec<Bytes> {
-    vec![
+/// Either release script's call (they take the same keys and arguments).
+fn release_call(
+    script: &'static Script,
+    keys: &LockKeys,
+    token: &Bytes,
+    handoff_lease: Duration,
+) -> ScriptCall<'static> {
+    let call_keys = vec![
         keys.companion(READERS),
         keys.companion(WRITER),
         keys.companion(QUEUE),
         keys.companion(DUES),
         keys.companion(READER_QUEUE),
         keys.companion(READER_DUES),
-    ]
+        keys.fence.clone(),
+    ];
+    let args = vec![
+        Value::Bytes(token.clone()),
+        Value::Bytes(announcement(keys)),
+        Value::Integer(millis(handoff_lease).max(1)),
+    ];
+    script.call(keys.slot, call_keys, args)
 }
 
 /// A reader's rules: shares with readers, waits for a writer that holds or queued first; a
@@ -294,13 +315,9 @@ impl Rules for ReadRules {
         &self,
         keys: &LockKeys,
         token: &Bytes,
-        _handoff_lease: Duration,
+        handoff_lease: Duration,
     ) -> ScriptCall<'static> {
-        let args = vec![
-            Value::Bytes(token.clone()),
-            Value::Bytes(announcement(keys)),
-        ];
-        READ_RELEASE_SCRIPT.call(keys.slot, release_keys(keys), args)
+        release_call(&READ_RELEASE_SCRIPT, keys, token, handoff_lease)
     }
 
     fn release_announcement(&self, keys: &LockKeys) -> Option<Bytes> {
@@ -353,13 +370,9 @@ impl Rules for WriteRules {
         &self,
         keys: &LockKeys,
         token: &Bytes,
-        _handoff_lease: Duration,
+        handoff_lease: Duration,
     ) -> ScriptCall<'static> {
-        let args = vec![
-            Value::Bytes(token.clone()),
-            Value::Bytes(announcement(keys)),
-        ];
-        WRITE_RELEASE_SCRIPT.call(keys.slot, release_keys(keys), args)
+        release_call(&WRITE_RELEASE_SCRIPT, keys, token, handoff_lease)
     }
 
     fn release_announcement(&self, keys: &LockKeys) -> Option<Bytes> {
