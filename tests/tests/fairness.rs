@@ -612,8 +612,8 @@ async fn no_starvation(kind: ServerKind, primitive: &str, run: Duration) {
 }
 
 /// The most script calls (acquire attempts and releases, all processes) per critical section in
-/// [`no_starvation`]: a release hands the lock over to the next waiter and wakes only it, not
-/// every queued process (about 2: the release, and the attempt with which the new holder's
+/// [`no_starvation`] (and with readers and writers mixed): a release hands the lock over to the
+/// next waiter (or the next readers) and wakes only it, not every queued process (about 2: the release, and the attempt with which the new holder's
 /// local follower joins the queue).
 const SCRIPTS_PER_SECTION: f64 = 3.0;
 
@@ -808,6 +808,11 @@ fn sem_queue_len(port: u16, ns: &str, key: &str) -> i64 {
 /// Writes a waiter `ghost` at the front of the waiter queue `queue` (places in `dues`), its place
 /// ending `place_ms` after the server's clock now: a live waiter that never retries.
 fn queue_ghost(port: u16, queue: &str, dues: &str, place_ms: i64) {
+    queue_ghosts(port, queue, dues, place_ms, &["ghost"]);
+}
+
+/// As [`queue_ghost`] for several waiters, queued in the order given.
+fn queue_ghosts(port: u16, queue: &str, dues: &str, place_ms: i64, ghosts: &[&str]) {
     let time = harness::cmd_ok(port, &["TIME"]);
     let field = |i: usize| {
         time.as_array()
@@ -817,8 +822,10 @@ fn queue_ghost(port: u16, queue: &str, dues: &str, place_ms: i64) {
             .expect("TIME")
     };
     let due = (field(0) * 1000 + field(1) / 1000 + place_ms).to_string();
-    harness::cmd_ok(port, &["ZADD", queue, "0", "ghost"]);
-    harness::cmd_ok(port, &["ZADD", dues, &due, "ghost"]);
+    for (place, ghost) in ghosts.iter().enumerate() {
+        harness::cmd_ok(port, &["ZADD", queue, &place.to_string(), ghost]);
+        harness::cmd_ok(port, &["ZADD", dues, &due, ghost]);
+    }
 }
 
 /// The cardinality of the sorted set `key` (-1 when the server does not answer).
@@ -1095,7 +1102,9 @@ async fn no_writer_starvation_across_processes() {
 }
 
 /// Readers are not starved by a stream of writers: one process of two readers against three
-/// processes of two writers each gets its share, and no wait times out.
+/// processes of two writers each gets its share, and no wait times out. Releases hand the lock to
+/// the readers as to the writers, so the script calls per section stay within
+/// [`SCRIPTS_PER_SECTION`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_reader_starvation_across_processes() {
     for kind in ServerKind::ALL {
@@ -1103,7 +1112,7 @@ async fn no_reader_starvation_across_processes() {
             kind,
             ["read", "write", "write", "write"],
             Duration::from_secs(10),
-            None,
+            Some(SCRIPTS_PER_SECTION),
         )
         .await;
     }
@@ -1275,10 +1284,11 @@ async fn a_queued_reader_keeps_later_writers_behind_it() {
 /// queued waiter, with a new fencing token: handed to a waiter that never takes it (written
 /// into the queue directly, its place lasting 10 s), it comes back when the hand-off lease ends
 /// (the releaser's 1 s lease), and a real waiter queued behind it gets it then, with the fencing
-/// token after the one the hand-off took.
+/// token after the one the hand-off took. The same for a dead reader queued ahead of a real
+/// writer (`read`): the writer's release hands it a read lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hand_off_to_a_dead_semaphore_or_writer_waiter_lasts_its_lease() {
-    for primitive in ["semaphore", "write"] {
+async fn a_hand_off_to_a_dead_semaphore_writer_or_reader_waiter_lasts_its_lease() {
+    for primitive in ["semaphore", "write", "read"] {
         for kind in ServerKind::ALL {
             let server = harness::shared(kind);
             let ns = ns(&format!("dead-handoff-{primitive}"), kind);
@@ -1294,6 +1304,11 @@ async fn a_hand_off_to_a_dead_semaphore_or_writer_waiter_lasts_its_lease() {
             let [queue, places] = holder
                 .queue_keys()
                 .map(|suffix| format!("{{{ns}:k}}:{suffix}"));
+            // The dead waiter: for `read`, a reader queued ahead of the real (writing) waiter.
+            let [ghost_queue, ghost_places] = match primitive {
+                "read" => ["rq", "rd"].map(|suffix| format!("{{{ns}:k}}:{suffix}")),
+                _ => [queue.clone(), places.clone()],
+            };
             let fence = std::sync::Arc::new(std::sync::Mutex::new(0));
             let (held_tx, held_rx) = tokio::sync::oneshot::channel();
             let (release, release_rx) = tokio::sync::oneshot::channel::<()>();
@@ -1313,7 +1328,7 @@ async fn a_hand_off_to_a_dead_semaphore_or_writer_waiter_lasts_its_lease() {
             });
             held_rx.await.expect("held");
             let held_fence = *fence.lock().expect("fence");
-            queue_ghost(server.port(), &queue, &places, 10_000);
+            queue_ghost(server.port(), &ghost_queue, &ghost_places, 10_000);
             let waiter = Queued::new(primitive, &connect(&server.url()).await, &ns);
             let entered = tokio::spawn(async move {
                 waiter
@@ -1325,7 +1340,8 @@ async fn a_hand_off_to_a_dead_semaphore_or_writer_waiter_lasts_its_lease() {
                     .expect("the waiter behind the dead one gets the lock")
             });
             let start = Instant::now();
-            while zcard(server.port(), &queue) < 2 {
+            let with_ghost = if ghost_queue == queue { 2 } else { 1 };
+            while zcard(server.port(), &queue) < with_ghost {
                 assert!(
                     start.elapsed() < Duration::from_secs(5),
                     "{name}: never queued"
@@ -1339,6 +1355,11 @@ async fn a_hand_off_to_a_dead_semaphore_or_writer_waiter_lasts_its_lease() {
                 "semaphore" => harness::cmd(
                     server.port(),
                     &["ZSCORE", &format!("{{{ns}:k}}:sem"), "ghost"],
+                )
+                .map(|r| r.as_str().is_some()),
+                "read" => harness::cmd(
+                    server.port(),
+                    &["ZSCORE", &format!("{{{ns}:k}}:r"), "ghost"],
                 )
                 .map(|r| r.as_str().is_some()),
                 _ => harness::cmd(server.port(), &["GET", &format!("{{{ns}:k}}:w")])
@@ -1358,5 +1379,86 @@ async fn a_hand_off_to_a_dead_semaphore_or_writer_waiter_lasts_its_lease() {
                 "{name}: the hand-off took the fencing token between the two holds"
             );
         }
+    }
+}
+
+/// A release hands the lock to at most 32 queued readers by name, and tells the rest with an
+/// empty message: behind a holding writer, 40 readers that never retry (written into the reader
+/// queue directly, places lasting 10 s) and then a real reader queue. The writer's release gives
+/// the first 32 a read lease each (one fencing token each), leaves the other 8 queued, and the
+/// real reader, woken by the message, enters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_the_lock_to_at_most_32_readers() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let ns = ns("rw-reader-cap", kind);
+        let name = kind.name();
+        let rw = |client: &LockClient| {
+            client
+                .rw_lock_with::<str>(
+                    LockOptions::new()
+                        .namespace(&ns)
+                        .lease(Duration::from_secs(5)),
+                )
+                .expect("options")
+        };
+        let writer = rw(&connect(&server.url()).await);
+        let (release, held) = hold_queued(&Queued::Write(writer), "k").await;
+        let [readers, queue, dues, fence] =
+            ["r", "rq", "rd", "fence"].map(|suffix| format!("{{{ns}:k}}:{suffix}"));
+        let ghosts: Vec<String> = (0..40).map(|i| format!("ghost-{i:02}")).collect();
+        let ghost_names: Vec<&str> = ghosts.iter().map(String::as_str).collect();
+        queue_ghosts(server.port(), &queue, &dues, 10_000, &ghost_names);
+        let reader = rw(&connect(&server.url()).await);
+        let reading = tokio::spawn(async move {
+            reader
+                .read("k", Duration::from_secs(5), async {
+                    sage_lock::current_lease().expect("lease").fencing_token()
+                })
+                .await
+        });
+        let start = Instant::now();
+        while zcard(server.port(), &queue) < 41 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "{name}: never queued"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let counter = |port| {
+            harness::cmd(port, &["GET", &fence])
+                .ok()
+                .and_then(|r| r.as_str().and_then(|s| s.parse::<u64>().ok()))
+                .unwrap_or(0)
+        };
+        let before = counter(server.port());
+        release.send(()).expect("release");
+        held.await.expect("writer");
+        let entered_with = reading
+            .await
+            .expect("reader")
+            .expect("the reader past the cap enters");
+        let handed: Vec<bool> = ghosts
+            .iter()
+            .map(|ghost| {
+                harness::cmd(server.port(), &["ZSCORE", &readers, ghost])
+                    .map(|r| r.as_str().is_some())
+                    .unwrap_or(false)
+            })
+            .collect();
+        assert!(
+            handed[..32].iter().all(|h| *h) && !handed[32..].iter().any(|h| *h),
+            "{name}: not the first 32 readers handed the lock: {handed:?}"
+        );
+        assert_eq!(
+            zcard(server.port(), &queue),
+            8,
+            "{name}: the 8 readers past the cap stay queued"
+        );
+        assert!(
+            entered_with > before + 32,
+            "{name}: the reader's fencing token {entered_with} comes after the 32 hand-offs' \
+             (counter {before} before the release)"
+        );
     }
 }

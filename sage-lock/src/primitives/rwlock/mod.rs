@@ -14,11 +14,11 @@
 //! together. Neither a stream of readers nor a stream of writers can starve the other kind, and
 //! a waiter that dies blocks those behind it for at most [`WRITER_INTENT`]. Every grant (readers
 //! and writers) increments the fencing counter `{ns:k}:fence`. While a waiter is queued, a
-//! release that lets the next writer in hands the lock to it on the server (for the hand-off
-//! lease, with a new fencing token) and publishes `token:fence:ms` on `{ns:k}:w}:released`, so
-//! it enters at once, in any process; when readers are next, the release publishes an empty
-//! message (every waiter tries again); a reader's release while other readers hold lets nobody
-//! in.
+//! release that lets the next writer in, or the readers queued before the next writer, hands the
+//! lock to them on the server (each for the hand-off lease, with a new fencing token; at most 32
+//! readers by name, the rest by an empty message, "every waiter, try again") and publishes
+//! `token:fence:ms` on `{ns:k}:w}:released` for each, so they enter at once, in any process; a
+//! reader's release while other readers hold lets nobody in.
 
 mod rules;
 

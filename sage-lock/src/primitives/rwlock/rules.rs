@@ -41,9 +41,10 @@ pub const WRITER_INTENT: Duration = Duration::from_secs(1);
 /// reader places; `ARGV`: token, lease ms, place ms (0 for a try, which never queues). Granted
 /// unless a writer holds the lock or a live writer queued before this reader (for an unqueued
 /// reader: any live queued writer); the grant takes the reader out of its queue. A refused
-/// waiting reader keeps (or takes) its place in the reader queue, ending place ms from now. A
-/// token that already reads (a retry after an unknown or unacknowledged outcome) is granted
-/// again. Every grant, a repeated one too, takes a new fencing token: other readers' grants may
+/// waiting reader keeps (or takes) its place in the reader queue, ending place ms from now, and
+/// the reply is `{0, ms to wait at most, fencing counter}`. A token that already reads (a retry
+/// after an unknown or unacknowledged outcome, or a reader a release handed the lock to) is
+/// granted again. Every grant, a repeated one too, takes a new fencing token: other readers' grants may
 /// have moved the counter on since this token's first one, so the counter is nobody's token but
 /// the latest grant's.
 const READ_ACQUIRE: &str = concat!(
@@ -70,7 +71,7 @@ if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
       take_place(6, ARGV[1], t, now, place)
       wait = math.min(wait, math.floor(place / 4))
     end
-    return {0, math.max(wait, 1)}
+    return {0, math.max(wait, 1), tonumber(redis.call('GET', KEYS[2]) or '0')}
   end
 end
 if redis.call('ZREM', KEYS[6], ARGV[1]) == 1 then
@@ -141,12 +142,15 @@ return {1, redis.call('INCR', KEYS[2])}
 /// The Lua function both releases end with, after the `waiter_queue_lua!` text.
 /// `announce(channel, handoff)`, for `KEYS` readers, writer, writer queue, writer places, reader
 /// queue, reader places, fencing counter: when no writer holds the lock, lets in who may enter
-/// now. When the first live waiter is a reader, every reader queued before the first live
-/// writer may: an empty message wakes every waiter to try. When it is a writer and no unexpired
-/// reader holds, the lock passes to that writer on the server (the writer key holds its token
-/// for `handoff` ms, with a new fencing token, and it leaves the queue): `token:fence:ms` is
-/// published, and the token and fence are returned (for the release's reply). Else nobody may,
-/// and nothing is published.
+/// now, on the server. When the first live waiter is a reader, every reader queued before the
+/// first live writer may: each (up to 32, so that a release's script time stays bounded) joins
+/// the reader set for `handoff` ms with a new fencing token and leaves its queue, and
+/// `token:fence:ms` is published for it (an empty message, "every waiter, try again", for any
+/// readers past the cap). When it is a writer
+/// and no unexpired reader holds, the lock passes to that writer (the writer key holds its token
+/// for `handoff` ms, with a new fencing token, and it leaves the queue), and `token:fence:ms` is
+/// published. Returns the first waiter handed the lock and its fence (for the release's reply),
+/// else nil: nobody may enter, and nothing is published.
 macro_rules! announce_lua {
     () => {
         r"
@@ -157,9 +161,30 @@ local function announce(channel, handoff)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local writer_at, writer = first_live(3, now)
-  local reader_at = first_live(5, now)
+  local reader_at, reader = first_live(5, now)
   if reader_at and (not writer_at or reader_at < writer_at) then
-    redis.pcall('SPUBLISH', channel, '')
+    local first, first_fence
+    local handed = 0
+    while reader_at and (not writer_at or reader_at < writer_at) do
+      if handed == 32 then
+        redis.pcall('SPUBLISH', channel, '')
+        break
+      end
+      redis.call('ZADD', KEYS[1], 'GT', now + handoff, reader)
+      redis.call('ZREM', KEYS[5], reader)
+      redis.call('ZREM', KEYS[6], reader)
+      local fence = redis.call('INCR', KEYS[7])
+      redis.pcall('SPUBLISH', channel, reader .. ':' .. fence .. ':' .. handoff)
+      if not first then
+        first, first_fence = reader, fence
+      end
+      handed = handed + 1
+      reader_at, reader = first_live(5, now)
+    end
+    if redis.call('PTTL', KEYS[1]) < handoff then
+      redis.call('PEXPIRE', KEYS[1], handoff)
+    end
+    return first, first_fence
   elseif writer then
     redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
     if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -181,8 +206,9 @@ end
 /// places, fencing counter; `ARGV`: token, release channel, hand-off lease ms. Removes the token
 /// from the reader set and from the reader queue (a waiting reader that gives up leaves it this
 /// way); if either freed something while a writer is queued, lets in who may enter now
-/// (`announce`). Replies `{released, token, fence}` when it hands the lock to a writer, else
-/// `released` (1 when the token was reading, else 0).
+/// (`announce`). Replies `{released, token, fence}` when it hands the lock to a
+/// waiter (the first, when it hands it to several readers), else `released` (1 when the token
+/// was reading, else 0).
 const READ_RELEASE: &str = concat!(
     waiter_queue_lua!(),
     announce_lua!(),
@@ -206,7 +232,8 @@ return released
 /// holds this token and takes the token out of the writer queue (a waiting writer that gives up
 /// leaves it this way); if either freed something while somebody is queued (a writer or a
 /// reader), lets in who may enter now (`announce`). Replies `{released, token, fence}` when it
-/// hands the lock to a writer, else `released` (1 when the writer key was ours, else 0).
+/// hands the lock to a waiter (the first, when it hands it to several readers), else `released`
+/// (1 when the writer key was ours, else 0).
 const WRITE_RELEASE: &str = concat!(
     waiter_queue_lua!(),
     announce_lua!(),
