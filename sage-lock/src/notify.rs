@@ -9,9 +9,11 @@
 //! named by a message takes the [`Grant`] at once instead of finding it at its next poll. Subscriptions outlive their last waiter by [`LINGER`] (so steady contention does
 //! not pay a subscribe per wait), then are dropped: they stay bounded by the keys waited on.
 //!
-//! The primitives whose releases hand nothing over (the semaphore, the read-write lock) publish
-//! on a channel of their own (`Rules::release_announcement`): a bare `token`, naming a waiter the
-//! release lets in, or an empty message, which wakes the channel's waiter whoever it is.
+//! The semaphore and the read-write lock publish on a channel of their own
+//! (`Rules::release_announcement`), the same `token:fence:ms` for each waiter their release
+//! hands over to, or an empty message, which wakes the channel's waiter whoever it is (the
+//! readers a release does not name). A bare `token` names a waiter without a grant: it tries
+//! again at once.
 //!
 //! Notifications are an optimisation, never needed for correctness: waiters keep polling at a
 //! bounded interval, so a message lost to a reconnect, a failover or a missing ACL permission
