@@ -800,6 +800,17 @@ fn semaphore(client: &LockClient, ns: &str) -> sage_lock::Semaphores<str> {
         .expect("options")
 }
 
+/// A read-write lock family in `ns` with a 5 s lease.
+fn rw_locks(client: &LockClient, ns: &str) -> sage_lock::RwLocks<str> {
+    client
+        .rw_lock_with(
+            LockOptions::new()
+                .namespace(ns)
+                .lease(Duration::from_secs(5)),
+        )
+        .expect("options")
+}
+
 /// How many waiters the semaphore `key` has queued (its queue's cardinality).
 fn sem_queue_len(port: u16, ns: &str, key: &str) -> i64 {
     zcard(port, &format!("{{{ns}:{key}}}:sem-queue"))
@@ -950,15 +961,7 @@ impl Queued {
     fn new(primitive: &str, client: &LockClient, ns: &str) -> Self {
         match primitive {
             "semaphore" => Queued::Permit(semaphore(client, ns)),
-            _ => Queued::Write(
-                client
-                    .rw_lock_with(
-                        LockOptions::new()
-                            .namespace(ns)
-                            .lease(Duration::from_secs(5)),
-                    )
-                    .expect("options"),
-            ),
+            _ => Queued::Write(rw_locks(client, ns)),
         }
     }
 
@@ -1130,15 +1133,7 @@ async fn readers_and_writers_are_served_in_arrival_order() {
     for kind in ServerKind::ALL {
         let server = harness::shared(kind);
         let ns = ns("fifo-rw", kind);
-        let rw = |client: &LockClient| {
-            client
-                .rw_lock_with::<str>(
-                    LockOptions::new()
-                        .namespace(&ns)
-                        .lease(Duration::from_secs(5)),
-                )
-                .expect("options")
-        };
+        let rw = |client: &LockClient| rw_locks(client, &ns);
         let holder = rw(&connect(&server.url()).await);
         let queues: Vec<String> = ["wq", "wd", "rq", "rd"]
             .iter()
@@ -1223,14 +1218,7 @@ async fn a_queued_reader_keeps_later_writers_behind_it() {
     for kind in ServerKind::ALL {
         let server = harness::shared(kind);
         let ns = ns("rw-reader-queued", kind);
-        let rw = connect(&server.url())
-            .await
-            .rw_lock_with::<str>(
-                LockOptions::new()
-                    .namespace(&ns)
-                    .lease(Duration::from_secs(5)),
-            )
-            .expect("options");
+        let rw = rw_locks(&connect(&server.url()).await, &ns);
         let (queue, dues) = (format!("{{{ns}:k}}:rq"), format!("{{{ns}:k}}:rd"));
         let queued_len = || zcard(server.port(), &queue);
         queue_ghost(server.port(), &queue, &dues, 1500);
@@ -1393,15 +1381,7 @@ async fn a_release_hands_the_lock_to_at_most_32_readers() {
         let server = harness::shared(kind);
         let ns = ns("rw-reader-cap", kind);
         let name = kind.name();
-        let rw = |client: &LockClient| {
-            client
-                .rw_lock_with::<str>(
-                    LockOptions::new()
-                        .namespace(&ns)
-                        .lease(Duration::from_secs(5)),
-                )
-                .expect("options")
-        };
+        let rw = |client: &LockClient| rw_locks(client, &ns);
         let writer = rw(&connect(&server.url()).await);
         let (release, held) = hold_queued(&Queued::Write(writer), "k").await;
         let [readers, queue, dues, fence] =
