@@ -2,7 +2,8 @@
 //! waiting is released with that one native command; once a waiter queues behind the holder the
 //! lock's value carries the queued mark, `DELIFEQ` finds no match, and the release script hands
 //! off and notifies as before. Redis 7 has no `DELIFEQ`: a one-key compare-and-delete script
-//! stands in for it, with the same fallback.
+//! stands in for it, with the same fallback. The read-write lock's uncontended reader, too,
+//! asks the server for no more than it needs.
 
 use std::time::{Duration, Instant};
 
@@ -142,5 +143,81 @@ async fn a_waiter_queued_behind_an_uncontended_holder_is_handed_the_lock_at_once
         );
         a.quit().await;
         b.quit().await;
+    }
+}
+
+/// 64 uncontended read cycles on one key (no writer holds or waits): each acquisition learns
+/// that with one `EXISTS` and reads neither the readers' scores (`ZSCORE`) nor the writer queue
+/// (`ZRANGE`); expired readers are dropped at every 16th grant only (`ZREMRANGEBYSCORE`); the
+/// release removes the reader and looks no further (one `ZREM` each way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_read_asks_only_whether_a_writer_holds_or_waits() {
+    const CYCLES: u64 = 64;
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let rw = client
+            .rw_lock_with::<str>(LockOptions::new().namespace("fast-read"))
+            .expect("options");
+        rw.read("warm", Duration::from_secs(2), async {})
+            .await
+            .expect("warm-up");
+        server.cmd_ok(&["CONFIG", "RESETSTAT"]);
+        for _ in 0..CYCLES {
+            rw.read("k", Duration::from_secs(2), async {})
+                .await
+                .expect("uncontended read");
+        }
+        let port = server.port();
+        let calls: Vec<(&str, u64)> = [
+            "evalsha",
+            "exists",
+            "zscore",
+            "zrange",
+            "zremrangebyscore",
+            "zrem",
+        ]
+        .into_iter()
+        .map(|command| (command, commandstats_calls(port, command)))
+        .collect();
+        println!("{}: {calls:?}", kind.name());
+        let count = |name: &str| {
+            calls
+                .iter()
+                .find(|(c, _)| *c == name)
+                .map_or(0, |(_, n)| *n)
+        };
+        let name = kind.name();
+        assert_eq!(
+            count("evalsha"),
+            2 * CYCLES,
+            "{name}: a script per acquisition and per release"
+        );
+        assert_eq!(
+            count("exists"),
+            2 * CYCLES,
+            "{name}: one EXISTS per acquisition and per release"
+        );
+        assert_eq!(
+            count("zscore"),
+            0,
+            "{name}: an uncontended read asked for a score"
+        );
+        assert_eq!(
+            count("zrange"),
+            0,
+            "{name}: an uncontended read looked into the writer queue"
+        );
+        assert!(
+            count("zremrangebyscore") <= CYCLES / 16 + 1,
+            "{name}: expired readers dropped at {} of {CYCLES} grants",
+            count("zremrangebyscore")
+        );
+        assert_eq!(
+            count("zrem"),
+            2 * CYCLES,
+            "{name}: one ZREM per acquisition and per release"
+        );
+        client.quit().await;
     }
 }

@@ -44,9 +44,11 @@ pub const WRITER_INTENT: Duration = Duration::from_secs(1);
 /// waiting reader keeps (or takes) its place in the reader queue, ending place ms from now, and
 /// the reply is `{0, ms to wait at most, fencing counter}`. A token that already reads (a retry
 /// after an unknown or unacknowledged outcome, or a reader a release handed the lock to) is
-/// granted again. Every grant, a repeated one too, takes a new fencing token: other readers' grants may
-/// have moved the counter on since this token's first one, so the counter is nobody's token but
-/// the latest grant's.
+/// granted again. Every grant, a repeated one too, takes a new fencing token: other readers'
+/// grants may have moved the counter on since this token's first one, so the counter is nobody's
+/// token but the latest grant's. With no writer holding or queued (one `EXISTS`), the grant reads
+/// nothing else; every 16th grant (by fencing token) drops expired readers (writers drop them
+/// before every check).
 const READ_ACQUIRE: &str = concat!(
     waiter_queue_lua!(),
     r"
@@ -54,8 +56,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
 local place = tonumber(ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+if redis.call('EXISTS', KEYS[3], KEYS[4]) > 0 then
   local wait = redis.call('PTTL', KEYS[3])
   if wait == -2 then
     local writer = first_live(4, now)
@@ -66,7 +67,7 @@ if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
       end
     end
   end
-  if wait ~= -2 then
+  if wait ~= -2 and tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '0') <= now then
     if place > 0 then
       take_place(6, ARGV[1], t, now, place)
       wait = math.min(wait, math.floor(place / 4))
@@ -78,6 +79,9 @@ if redis.call('ZREM', KEYS[6], ARGV[1]) == 1 then
   redis.call('ZREM', KEYS[7], ARGV[1])
 end
 local fence = redis.call('INCR', KEYS[2])
+if fence % 16 == 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+end
 redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
 if redis.call('PTTL', KEYS[1]) < lease then
   redis.call('PEXPIRE', KEYS[1], lease)
@@ -214,9 +218,13 @@ const READ_RELEASE: &str = concat!(
     announce_lua!(),
     r"
 local released = redis.call('ZREM', KEYS[1], ARGV[1])
-local left = redis.call('ZREM', KEYS[5], ARGV[1])
-if left == 1 then
-  redis.call('ZREM', KEYS[6], ARGV[1])
+local left = 0
+if released == 0 then
+  -- A reader that holds is never queued (its grant took it out of the queue).
+  left = redis.call('ZREM', KEYS[5], ARGV[1])
+  if left == 1 then
+    redis.call('ZREM', KEYS[6], ARGV[1])
+  end
 end
 if released + left > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
   local named, fence = announce(ARGV[2], tonumber(ARGV[3]))
