@@ -146,13 +146,31 @@ async fn a_waiter_queued_behind_an_uncontended_holder_is_handed_the_lock_at_once
     }
 }
 
+/// The calls of each of `commands` the server ran (scripts' nested calls included).
+fn counts(port: u16, commands: &[&'static str]) -> Vec<(&'static str, u64)> {
+    commands
+        .iter()
+        .map(|command| (*command, commandstats_calls(port, command)))
+        .collect()
+}
+
+/// The count of `command` in `calls`.
+fn count(calls: &[(&str, u64)], command: &str) -> u64 {
+    calls
+        .iter()
+        .find(|(c, _)| *c == command)
+        .map_or(0, |(_, n)| *n)
+}
+
+/// How many uncontended cycles the read lock and semaphore tests run.
+const CYCLES: u64 = 64;
+
 /// 64 uncontended read cycles on one key (no writer holds or waits): each acquisition learns
 /// that with one `EXISTS` and reads neither the readers' scores (`ZSCORE`) nor the writer queue
 /// (`ZRANGE`); expired readers are dropped at every 16th grant only (`ZREMRANGEBYSCORE`); the
 /// release removes the reader and looks no further (one `ZREM` each way).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncontended_read_asks_only_whether_a_writer_holds_or_waits() {
-    const CYCLES: u64 = 64;
     for kind in ServerKind::ALL {
         let server = Server::start(kind);
         let client = LockClient::connect(&server.url()).await.expect("connect");
@@ -168,26 +186,20 @@ async fn an_uncontended_read_asks_only_whether_a_writer_holds_or_waits() {
                 .await
                 .expect("uncontended read");
         }
-        let port = server.port();
-        let calls: Vec<(&str, u64)> = [
-            "evalsha",
-            "exists",
-            "zscore",
-            "zrange",
-            "zremrangebyscore",
-            "zrem",
-        ]
-        .into_iter()
-        .map(|command| (command, commandstats_calls(port, command)))
-        .collect();
+        let calls = counts(
+            server.port(),
+            &[
+                "evalsha",
+                "exists",
+                "zscore",
+                "zrange",
+                "zremrangebyscore",
+                "zrem",
+            ],
+        );
         println!("{}: {calls:?}", kind.name());
-        let count = |name: &str| {
-            calls
-                .iter()
-                .find(|(c, _)| *c == name)
-                .map_or(0, |(_, n)| *n)
-        };
         let name = kind.name();
+        let count = |command| count(&calls, command);
         assert_eq!(
             count("evalsha"),
             2 * CYCLES,
@@ -217,6 +229,78 @@ async fn an_uncontended_read_asks_only_whether_a_writer_holds_or_waits() {
             count("zrem"),
             2 * CYCLES,
             "{name}: one ZREM per acquisition and per release"
+        );
+        client.quit().await;
+    }
+}
+
+/// 64 uncontended cycles of a 4-permit semaphore on one key: each acquisition counts the live
+/// holders with one `ZCOUNT` and looks once at the empty waiter queue (`ZRANGE`), without asking
+/// for its own score (`ZSCORE`), counting all members (`ZCARD`) or dropping expired holders
+/// but at every 16th grant (`ZREMRANGEBYSCORE`); the release removes the holder and looks no
+/// further (one `ZREM`, one `EXISTS` of the queue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_permit_counts_the_holders_once() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let sem = client
+            .semaphore_with::<str>(4, LockOptions::new().namespace("fast-permit"))
+            .expect("options");
+        sem.acquire("warm", Duration::from_secs(2), async {})
+            .await
+            .expect("warm-up");
+        server.cmd_ok(&["CONFIG", "RESETSTAT"]);
+        for _ in 0..CYCLES {
+            sem.acquire("k", Duration::from_secs(2), async {})
+                .await
+                .expect("uncontended permit");
+        }
+        let calls = counts(
+            server.port(),
+            &[
+                "evalsha",
+                "exists",
+                "zcount",
+                "zcard",
+                "zscore",
+                "zrange",
+                "zremrangebyscore",
+                "zrem",
+            ],
+        );
+        println!("{}: {calls:?}", kind.name());
+        let name = kind.name();
+        let count = |command| count(&calls, command);
+        assert_eq!(
+            count("evalsha"),
+            2 * CYCLES,
+            "{name}: a script per acquisition and per release"
+        );
+        assert_eq!(
+            count("zcount"),
+            CYCLES,
+            "{name}: one ZCOUNT per acquisition"
+        );
+        assert_eq!(
+            count("zrange"),
+            CYCLES,
+            "{name}: one look at the empty queue per acquisition"
+        );
+        assert_eq!(
+            (count("zcard"), count("zscore")),
+            (0, 0),
+            "{name}: ZCARD or ZSCORE on the way"
+        );
+        assert!(
+            count("zremrangebyscore") <= CYCLES / 16 + 1,
+            "{name}: expired holders dropped at {} of {CYCLES} grants",
+            count("zremrangebyscore")
+        );
+        assert_eq!(
+            (count("zrem"), count("exists")),
+            (CYCLES, CYCLES),
+            "{name}: one ZREM and one EXISTS per release"
         );
         client.quit().await;
     }

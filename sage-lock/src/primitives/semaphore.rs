@@ -49,15 +49,16 @@ const DUES: &str = ":sem-due";
 const ANNOUNCED: &str = ":sem}";
 
 /// Acquire. `KEYS`: holder set, fencing counter, waiter queue, waiter places; `ARGV`: token,
-/// lease ms, permits, place ms (0 for a try, which never queues). Expired holders are dropped
-/// first. Granted when the token already holds a permit (a retry is safe), or when a permit is
-/// free and fewer live waiters are queued ahead of the caller (all of them, for a caller not
-/// queued) than permits are free; dead waiters met on the way are dropped. A grant takes a new
-/// fencing token, a repeated one too (other holders' grants may have moved the counter on since
-/// this token's first one), and takes the caller out of the queue: `{1, fence}`. Else
+/// lease ms, permits, place ms (0 for a try, which never queues). Granted when a permit is free
+/// (holders whose expiry has passed do not count) and fewer live waiters are queued ahead of the
+/// caller (all of them, for a caller not queued) than permits are free, dead waiters met on the
+/// way being dropped; or when the token already holds a permit (a retry is safe). A grant takes a
+/// new fencing token, a repeated one too (other holders' grants may have moved the counter on
+/// since this token's first one), and takes the caller out of the queue: `{1, fence}`. Else
 /// `{0, ms until the first permit expires, fencing counter}` (`-1` for the ms when the free
 /// permits are the waiters'), and a waiting caller keeps (or takes) its place, ending place ms
-/// from now.
+/// from now. Expired holders are dropped when a caller is refused, and at every 16th grant (by
+/// fencing token).
 const ACQUIRE: &str = concat!(
     waiter_queue_lua!(),
     r"
@@ -65,19 +66,21 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
 local place = tonumber(ARGV[4])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local granted = redis.call('ZSCORE', KEYS[1], ARGV[1]) ~= false
-local queued = false
+local free = tonumber(ARGV[3]) - redis.call('ZCOUNT', KEYS[1], now + 1, '+inf')
+local granted, queued = false, false
+if free > 0 then
+  local ahead
+  ahead, queued = live_ahead(3, ARGV[1], now, free)
+  granted = ahead < free
+end
 if not granted then
-  local free = tonumber(ARGV[3]) - redis.call('ZCARD', KEYS[1])
-  if free > 0 then
-    local ahead
-    ahead, queued = live_ahead(3, ARGV[1], now, free)
-    granted = ahead < free
-  end
+  granted = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '0') > now
 end
 if granted then
   local fence = redis.call('INCR', KEYS[2])
+  if fence % 16 == 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  end
   redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
   if redis.call('PTTL', KEYS[1]) < lease then
     redis.call('PEXPIRE', KEYS[1], lease)
@@ -91,6 +94,7 @@ end
 if place > 0 then
   take_place(3, ARGV[1], t, now, place)
 end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if first[2] then
@@ -112,9 +116,13 @@ const RELEASE: &str = concat!(
     waiter_queue_lua!(),
     r"
 local released = redis.call('ZREM', KEYS[1], ARGV[1])
-local left = redis.call('ZREM', KEYS[2], ARGV[1])
-if left == 1 then
-  redis.call('ZREM', KEYS[3], ARGV[1])
+local left = 0
+if released == 0 then
+  -- A holder is never queued (its grant took it out of the queue).
+  left = redis.call('ZREM', KEYS[2], ARGV[1])
+  if left == 1 then
+    redis.call('ZREM', KEYS[3], ARGV[1])
+  end
 end
 if released + left > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
   local t = redis.call('TIME')

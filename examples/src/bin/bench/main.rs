@@ -74,8 +74,26 @@ const PRIMITIVE_TASKS: usize = 8;
 /// Every command sage-lock sends is a script (`EVALSHA`, `EVAL` after `NOSCRIPT`), except the
 /// uncontended release on Valkey 9, which is `DELIFEQ` itself.
 const SAGE_NESTED: &[&str] = &[
-    "set", "incr", "get", "pexpire", "pttl", "del", "lindex", "lpop", "rpush", "lrem", "zadd",
-    "zrem", "zscore", "exists", "time", "spublish",
+    "set",
+    "incr",
+    "get",
+    "pexpire",
+    "pttl",
+    "del",
+    "lindex",
+    "lpop",
+    "rpush",
+    "lrem",
+    "zadd",
+    "zrem",
+    "zscore",
+    "exists",
+    "time",
+    "spublish",
+    "zcard",
+    "zcount",
+    "zrange",
+    "zremrangebyscore",
 ];
 /// Commands rslock's scripts (unlock, extend) run inside the server; its `SET NX` is sent itself.
 const RSLOCK_NESTED: &[&str] = &["get", "del", "pexpire"];
@@ -234,7 +252,7 @@ async fn run() -> anyhow::Result<()> {
     }
     if wants("primitives") {
         eprintln!("primitives: mutex, read lock, semaphore ({PRIMITIVE_TASKS} tasks) ...");
-        primitives_suite(&mut report, &client, &plan).await?;
+        primitives_suite(&mut report, &client, &fred, &plan).await?;
     }
     if wants("contention") {
         eprintln!("contention ...");
