@@ -150,10 +150,9 @@ return {1, redis.call('INCR', KEYS[2])}
 /// first live writer may: each (up to 32, so that a release's script time stays bounded) joins
 /// the reader set for `handoff` ms with a new fencing token and leaves its queue, and
 /// `token:fence:ms` is published for it (an empty message, "every waiter, try again", for any
-/// readers past the cap). When it is a writer
-/// and no unexpired reader holds, the lock passes to that writer (the writer key holds its token
-/// for `handoff` ms, with a new fencing token, and it leaves the queue), and `token:fence:ms` is
-/// published. Returns the first waiter handed the lock and its fence (for the release's reply),
+/// readers past the cap). When it is a writer and no unexpired reader holds, the lock passes to
+/// that writer (the writer key holds its token for `handoff` ms, with a new fencing token, and it
+/// leaves the queue), and `token:fence:ms` is published. Returns the first waiter handed the lock and its fence (for the release's reply),
 /// else nil: nobody may enter, and nothing is published.
 macro_rules! announce_lua {
     () => {
@@ -210,9 +209,9 @@ end
 /// places, fencing counter; `ARGV`: token, release channel, hand-off lease ms. Removes the token
 /// from the reader set and from the reader queue (a waiting reader that gives up leaves it this
 /// way); if either freed something while a writer is queued, lets in who may enter now
-/// (`announce`). Replies `{released, token, fence}` when it hands the lock to a
-/// waiter (the first, when it hands it to several readers), else `released` (1 when the token
-/// was reading, else 0).
+/// (`announce`). Replies `{released, token, fence}` when it hands the lock to a waiter (the
+/// first, when it hands it to several readers), else `released` (1 when the token was reading,
+/// else 0).
 const READ_RELEASE: &str = concat!(
     waiter_queue_lua!(),
     announce_lua!(),
