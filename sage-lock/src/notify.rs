@@ -13,7 +13,8 @@
 //! (`Rules::release_announcement`), the same `token:fence:ms` for each waiter their release
 //! hands over to, or an empty message, which wakes the channel's waiter whoever it is (the
 //! readers a release does not name). A bare `token` names a waiter without a grant: it tries
-//! again at once.
+//! again at once (a multi-key caller, which a release never hands one key alone, and which
+//! watches the channel of each of its keys).
 //!
 //! Notifications are an optimisation, never needed for correctness: waiters keep polling at a
 //! bounded interval, so a message lost to a reconnect, a failover or a missing ACL permission
@@ -114,21 +115,25 @@ struct Shared {
 
 #[derive(Debug)]
 struct Channel {
-    /// Woken when a message names `token`.
-    wake: Arc<Notify>,
-    /// The token of the local task that waits on the server for this key.
-    token: Option<Bytes>,
-    /// The grant a release handed to `token`, until the waiter takes it.
-    grant: Option<Grant>,
+    /// The local tasks that wait on the server for this key (usually one: a process leaves the
+    /// server to one task per key; a caller of several keys watches each of its keys).
+    watchers: Vec<Watcher>,
     /// The head the last message named, with its grant: a waiter that registers just after its
     /// message came (between its attempt's reply and [`Notifier::watch`]) still finds it.
     last: Option<(Bytes, Option<Grant>)>,
-    /// Live [`Watch`]es.
-    users: usize,
     /// Confirmed by the server (and not lost to a reconnect since).
     subscribed: bool,
     /// When the last watch left.
     idle_since: Instant,
+}
+
+/// One live [`Watch`]: its waiter's token, how to wake it, and the grant a release handed it.
+#[derive(Debug)]
+struct Watcher {
+    token: Bytes,
+    wake: Arc<Notify>,
+    /// The grant a release handed to `token`, until the waiter takes it.
+    grant: Option<Grant>,
 }
 
 /// Whether a watch's channel is subscribed.
@@ -155,34 +160,30 @@ impl Notifier {
     /// Watches the release channel of `lock_key` on behalf of the local waiter with `token`.
     pub(crate) fn watch(&self, lock_key: &[u8], token: Bytes) -> Watch<'_> {
         let channel = channel(lock_key);
-        let wake = match self.shared.channels.lock() {
-            Ok(mut channels) => {
-                let entry = channels.entry(channel.clone()).or_insert_with(|| Channel {
-                    wake: Arc::new(Notify::new()),
-                    token: None,
-                    grant: None,
-                    last: None,
-                    users: 0,
-                    subscribed: false,
-                    idle_since: Instant::now(),
-                });
-                entry.users += 1;
-                entry.grant = None;
-                if let Some((head, grant)) = &entry.last
-                    && *head == token
-                {
-                    entry.grant = *grant;
-                    entry.wake.notify_one();
-                }
-                entry.token = Some(token.clone());
-                Arc::clone(&entry.wake)
+        let wake = Arc::new(Notify::new());
+        if let Ok(mut channels) = self.shared.channels.lock() {
+            let entry = channels.entry(channel.clone()).or_insert_with(|| Channel {
+                watchers: Vec::new(),
+                last: None,
+                subscribed: false,
+                idle_since: Instant::now(),
+            });
+            let mut grant = None;
+            if let Some((head, last_grant)) = &entry.last
+                && *head == token
+            {
+                grant = *last_grant;
+                wake.notify_one();
             }
-            Err(_) => Arc::new(Notify::new()),
-        };
+            entry.watchers.push(Watcher {
+                token: token.clone(),
+                wake: Arc::clone(&wake),
+                grant,
+            });
+        }
         Watch {
             notifier: self,
             channel,
-            token,
             wake,
         }
     }
@@ -268,7 +269,7 @@ impl Drop for AbortOnDrop {
 pub(crate) struct Watch<'a> {
     notifier: &'a Notifier,
     channel: Bytes,
-    token: Bytes,
+    /// This watch's own (identifies its [`Watcher`]).
     wake: Arc<Notify>,
 }
 
@@ -309,10 +310,12 @@ impl Watch<'_> {
     pub(crate) fn take_grant(&self) -> Option<Grant> {
         let mut channels = self.notifier.shared.channels.lock().ok()?;
         let entry = channels.get_mut(&self.channel)?;
-        if entry.token.as_ref() != Some(&self.token) {
-            return None;
-        }
-        entry.grant.take()
+        entry
+            .watchers
+            .iter_mut()
+            .find(|w| Arc::ptr_eq(&w.wake, &self.wake))?
+            .grant
+            .take()
     }
 }
 
@@ -321,10 +324,8 @@ impl Drop for Watch<'_> {
         if let Ok(mut channels) = self.notifier.shared.channels.lock()
             && let Some(entry) = channels.get_mut(&self.channel)
         {
-            entry.users = entry.users.saturating_sub(1);
-            if entry.users == 0 {
-                entry.token = None;
-                entry.grant = None;
+            entry.watchers.retain(|w| !Arc::ptr_eq(&w.wake, &self.wake));
+            if entry.watchers.is_empty() {
                 entry.idle_since = Instant::now();
                 if !entry.subscribed {
                     channels.remove(&self.channel);
@@ -387,23 +388,21 @@ fn deliver_message(shared: &Shared, channel: &[u8], payload: &fred::types::Value
 
 /// Wakes the local waiter named `head` (storing its grant), once per head (a release's reply
 /// and its message both name it). An empty `head` (a release of a primitive without a queue,
-/// see `Rules::release_announcement`) wakes the channel's waiter, whoever it is, to retry.
+/// see `Rules::release_announcement`) wakes the channel's waiters, whoever they are, to retry.
 fn deliver(shared: &Shared, channel: &[u8], head: &[u8], grant: Option<Grant>) {
     if let Ok(mut channels) = shared.channels.lock()
         && let Some(entry) = channels.get_mut(channel)
     {
         if head.is_empty() {
-            if entry.users > 0 {
-                entry.wake.notify_one();
-            }
+            entry.watchers.iter().for_each(|w| w.wake.notify_one());
             return;
         }
         if entry.last.as_ref().is_some_and(|(last, _)| last == head) {
             return;
         }
-        if entry.token.as_deref() == Some(head) {
-            entry.grant = grant;
-            entry.wake.notify_one();
+        for watcher in entry.watchers.iter_mut().filter(|w| w.token == head) {
+            watcher.grant = grant;
+            watcher.wake.notify_one();
         }
         entry.last = Some((Bytes::copy_from_slice(head), grant));
     }
@@ -411,8 +410,8 @@ fn deliver(shared: &Shared, channel: &[u8], head: &[u8], grant: Option<Grant>) {
 
 fn wake_all(shared: &Shared) {
     if let Ok(channels) = shared.channels.lock() {
-        for entry in channels.values().filter(|e| e.users > 0) {
-            entry.wake.notify_one();
+        for watcher in channels.values().flat_map(|e| &e.watchers) {
+            watcher.wake.notify_one();
         }
     }
 }
@@ -422,7 +421,7 @@ fn wake_all(shared: &Shared) {
 async fn resubscribe(client: &Client, shared: &Shared) {
     let channels: Vec<Bytes> = match shared.channels.lock() {
         Ok(mut channels) => {
-            channels.retain(|_, e| e.users > 0);
+            channels.retain(|_, e| !e.watchers.is_empty());
             channels.values_mut().for_each(|e| e.subscribed = false);
             channels.keys().cloned().collect()
         }
@@ -448,7 +447,7 @@ async fn unsubscribe_idle(client: &Client, shared: &Shared) {
         Ok(mut channels) => {
             let idle: Vec<Bytes> = channels
                 .iter()
-                .filter(|(_, e)| e.users == 0 && e.idle_since.elapsed() >= LINGER)
+                .filter(|(_, e)| e.watchers.is_empty() && e.idle_since.elapsed() >= LINGER)
                 .map(|(name, _)| name.clone())
                 .collect();
             for name in &idle {
@@ -503,6 +502,28 @@ mod tests {
         deliver_message(&notifier.shared, b"{l:a}:released", &"mine".into());
         let again = tokio::time::timeout(Duration::from_millis(20), watch.notified()).await;
         assert!(again.is_err(), "woken twice for one release");
+    }
+
+    /// Two local waiters of one key (a single-key waiter and a caller of several keys) each get
+    /// their own messages: the later watch does not take the earlier one's place.
+    #[tokio::test]
+    async fn two_waiters_of_one_channel_are_woken_each_by_name() {
+        let notifier = Notifier::new(Client::default());
+        let single = notifier.watch(b"{l:a}", Bytes::from_static(b"one"));
+        let several = notifier.watch(b"{l:a}", Bytes::from_static(b"two"));
+        deliver_message(&notifier.shared, b"{l:a}:released", &"one:3:100".into());
+        let woken = tokio::time::timeout(Duration::from_millis(200), single.notified()).await;
+        assert!(woken.is_ok(), "the earlier watch lost its message");
+        assert_eq!(
+            single.take_grant(),
+            Some(Grant::new(3, None).with_lease(Duration::from_millis(100)))
+        );
+        assert_eq!(several.take_grant(), None, "another waiter's grant");
+        deliver_message(&notifier.shared, b"{l:a}:released", &"two".into());
+        let woken = tokio::time::timeout(Duration::from_millis(200), several.notified()).await;
+        assert!(woken.is_ok(), "the later watch was not woken");
+        let other = tokio::time::timeout(Duration::from_millis(20), single.notified()).await;
+        assert!(other.is_err(), "woken by the other waiter's message");
     }
 
     /// A release of a primitive without a queue names nobody: its empty message wakes the

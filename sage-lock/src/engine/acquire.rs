@@ -58,7 +58,7 @@ pub(crate) async fn acquire(
             reason,
         }
     };
-    let token = new_token();
+    let token = new_token(rules.token_prefix());
     // Armed from the first attempt on: an attempt whose reply is lost may still have been granted.
     let mut held = Held {
         engine: Arc::clone(engine),
@@ -230,7 +230,8 @@ async fn acquire_loop(
     // Whether this primitive queues waiters on the server (a refused waiting caller owes the
     // queue its leaving).
     let queued = waiting && rules.queues();
-    let mut watch: Option<Watch<'_>> = None;
+    // The release channels watched once refused (empty until then, or when none).
+    let mut watches: Vec<Watch<'_>> = Vec::new();
     let mut subscribed = false;
     // When the last attempt that found the lock busy (and so queued) was sent: a release can
     // only hand the lock over after that.
@@ -247,7 +248,7 @@ async fn acquire_loop(
     }
     loop {
         if let (Some(watch), Some(queued_at), Some(counter_seen)) =
-            (&watch, queued_at, counter_seen)
+            (watches.first(), queued_at, counter_seen)
             && let Some(grant) = watch.take_grant()
             && grant.fence > counter_seen
             && !confirm_handoffs
@@ -390,25 +391,30 @@ async fn acquire_loop(
                     }
                     continue;
                 }
-                if watch.is_none() {
+                if watches.is_empty() {
                     // Watch the channel a release names the next waiter on, or else the one the
                     // primitive announces its releases on (if it does).
-                    watch = rules
-                        .watched_key(keys)
-                        .map(|key| engine.notifier.watch(&key, held.token.clone()));
+                    watches = rules
+                        .watched_keys(keys)
+                        .iter()
+                        .map(|key| engine.notifier.watch(key, held.token.clone()))
+                        .collect();
                 }
-                if let Some(watch) = &mut watch
-                    && !subscribed
-                {
+                if !watches.is_empty() && !subscribed {
                     let limit = deadline.min(Instant::now() + Duration::from_secs(1));
-                    match Box::pin(watch.subscribe(limit)).await {
-                        Subscribed::Already => subscribed = true,
-                        // A release may have slipped past before the subscription: try again.
-                        Subscribed::New => {
-                            subscribed = true;
-                            continue;
+                    let mut fresh = false;
+                    let mut unavailable = false;
+                    for watch in &watches {
+                        match Box::pin(watch.subscribe(limit)).await {
+                            Subscribed::Already => {}
+                            Subscribed::New => fresh = true,
+                            Subscribed::Unavailable => unavailable = true,
                         }
-                        Subscribed::Unavailable => {}
+                    }
+                    subscribed = !unavailable;
+                    // A release may have slipped past before the subscription: try again.
+                    if fresh {
+                        continue;
                     }
                 }
             }
@@ -454,9 +460,10 @@ async fn acquire_loop(
         // Woken early by a release that names this waiter (its watch) or by a release of this
         // process that named nobody (the local waiters).
         let named = async {
-            match &watch {
-                Some(watch) if busy => watch.notified().await,
-                _ => std::future::pending().await,
+            if busy && !watches.is_empty() {
+                any_notified(&watches).await;
+            } else {
+                std::future::pending::<()>().await;
             }
         };
         let local = async {
@@ -471,6 +478,19 @@ async fn acquire_loop(
             () = local => {}
         }
     }
+}
+
+/// Resolves when a release names this waiter on any of the watched channels.
+async fn any_notified(watches: &[Watch<'_>]) {
+    let mut notified: Vec<_> = watches.iter().map(|w| Box::pin(w.notified())).collect();
+    std::future::poll_fn(|cx| {
+        if notified.iter_mut().any(|n| n.as_mut().poll(cx).is_ready()) {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
 }
 
 /// How long a queued waiter's place lasts after an attempt sent now: [`WAITER_TTL`], or less

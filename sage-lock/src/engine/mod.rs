@@ -138,6 +138,18 @@ pub(crate) trait Rules: Send + Sync + fmt::Debug {
             self.release_announcement(keys)
         }
     }
+    /// The keys whose release channels a waiting caller watches: [`Rules::watched_key`]'s, or
+    /// for a caller of several keys queued on each, every one of them (the first is the one
+    /// whose release may name this caller with a grant).
+    fn watched_keys(&self, keys: &LockKeys) -> Vec<Bytes> {
+        self.watched_key(keys).into_iter().collect()
+    }
+    /// What this primitive's owner tokens start with, so that other scripts sharing its keys
+    /// can tell its waiters apart: empty (the default), or the multi-key lock's `m` (its
+    /// waiters are never handed one key alone). Tokens are otherwise hex digits.
+    fn token_prefix(&self) -> &'static [u8] {
+        b""
+    }
     /// The key a hold granted without waiting may be released from with a plain `DELIFEQ key
     /// token` (where the server has it) instead of the release call: the primitive's scripts
     /// change the key's value once anybody queues behind the holder, so the command deletes

@@ -2,15 +2,16 @@
 
 use fred::bytes::Bytes;
 
-/// A random 128-bit owner token, as 32 hex digits.
-pub(super) fn new_token() -> Bytes {
+/// A random 128-bit owner token, as 32 hex digits after `prefix`.
+pub(super) fn new_token(prefix: &[u8]) -> Bytes {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let bits = rand::random::<u128>();
-    let mut digits = [0_u8; 32];
-    for (i, digit) in digits.iter_mut().enumerate() {
-        *digit = HEX[usize::from(u8::try_from((bits >> (124 - 4 * i)) & 0xf).unwrap_or(0))];
-    }
-    Bytes::copy_from_slice(&digits)
+    let mut token = Vec::with_capacity(prefix.len() + 32);
+    token.extend_from_slice(prefix);
+    token.extend(
+        (0..32).map(|i| HEX[usize::from(u8::try_from((bits >> (124 - 4 * i)) & 0xf).unwrap_or(0))]),
+    );
+    Bytes::from(token)
 }
 
 #[cfg(test)]
@@ -19,12 +20,15 @@ mod tests {
 
     #[test]
     fn tokens_are_32_lowercase_hex_digits_and_differ() {
-        let (a, b) = (new_token(), new_token());
+        let (a, b) = (new_token(b""), new_token(b""));
         assert_eq!(a.len(), 32);
         assert!(
             a.iter()
                 .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
         );
         assert_ne!(a, b);
+        let marked = new_token(b"m");
+        assert_eq!(marked.len(), 33);
+        assert_eq!(marked[0], b'm');
     }
 }

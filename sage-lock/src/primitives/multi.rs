@@ -1,11 +1,14 @@
 //! The multi-key lock: [`Locks::with_locks`], all of several mutex keys or none, deadlock-free.
 //!
 //! The keys are the mutex's own (`{ns:k}` with `{ns:k}:fence`), so a multi-key hold on `a` and
-//! `b` excludes `with_lock("a")`. A multi-key caller does not join the mutex's server-side
-//! waiter queues: it takes a key only when no live queued mutex waiter is at the queue's head,
-//! and its release notifies that head as the mutex's release does. They are sorted into one global order (hash slot, then server
-//! key) and deduplicated; each *unit* (the keys of one slot in a cluster, all keys elsewhere) is
-//! taken atomically by one script call, units in order with rollback (see the engine's `multi`).
+//! `b` excludes `with_lock("a")`. A waiting multi-key caller joins the mutex's server-side
+//! waiter queue of every key of a unit, all in one script, with one deadline for its places, so
+//! single-key waiters cannot starve it; the mutex's release leaves a key free for it rather than
+//! handing it one key alone (its token starts with `m`), and its own release hands each freed
+//! key to the next single-key waiter as the mutex's does. The keys are sorted into one global
+//! order (hash slot, then server key) and deduplicated; each *unit* (the keys of one slot in a
+//! cluster, all keys elsewhere) is taken atomically by one script call, units in order with
+//! rollback (see the engine's `multi`).
 
 use std::borrow::Borrow;
 use std::sync::Arc;
@@ -24,78 +27,158 @@ use crate::scripts::{Script, ScriptCall};
 use crate::topology::Deployment;
 
 /// Acquire all. `KEYS`: lock, fence, waiter queue, waiter deadlines and grant time of each key
-/// (the mutex's layout), in fives; `ARGV`: token, lease ms, which key's fencing token to reply (1-based).
-/// Granted only when no key has another owner and no key has a live queued mutex waiter at its
-/// head (multi-key callers never queue): then every key is set (or, already this token's,
-/// extended), its grant marker says whether its queue still holds anybody (as the mutex's does),
-/// and its counter incremented, and the reply is `{1, fence of that key, fence of each key...}`
-/// (a key this token already held keeps its fence); else nothing changes and the reply is
-/// `{0, ms}` for a busy key.
-pub(super) const ACQUIRE_ALL: &str = r"
+/// (the mutex's layout), in fives; `ARGV`: token (it starts with `m`, so the mutex's release
+/// never hands one of these keys to this caller alone), lease ms, which key's fencing token to
+/// reply (1-based), waiter TTL ms (0: a try, which never queues), queue TTL ms.
+///
+/// Granted only when every key is free or this token's, and no free key's waiter queue has a
+/// live head other than this token (dead heads are dropped): then every key is set (or, already
+/// this token's, extended), this token leaves each queue it headed, each grant marker says
+/// whether its queue still holds anybody (as the mutex's does), each counter is incremented,
+/// and the reply is `{1, fence of that key, fence of each key...}` (a key this token already
+/// held keeps its fence). Else nothing is granted and the reply is `{0, ms}`: the soonest
+/// positive PTTL of a held key or remaining place of another head. A refused try changes
+/// nothing; a refused waiting caller holds a place in the queue of every key it does not hold,
+/// refreshed together, so its places have one deadline and every queue it shares with another
+/// such caller orders the two alike (a place of its that lapsed or is missing puts it at every
+/// tail again): the oldest of them heads all its queues, so they never wait on each other in a
+/// circle. It also marks each holder's value `+` (queued behind), as the mutex's attempt does.
+pub(super) const ACQUIRE_ALL: &str = concat!(
+    r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[4])
 local holders = {}
-local queued = {}
+local headed = {}
+local wait
 for i = 1, #KEYS, 5 do
   local holder = redis.call('GET', KEYS[i])
-  if holder == ARGV[1] .. '+' then
+  local ms
+  if holder == ARGV[1] or holder == ARGV[1] .. '+' then
     holder = ARGV[1]
+  elseif holder then
+    ms = redis.call('PTTL', KEYS[i])
+  else
+    local head = redis.call('LINDEX', KEYS[i + 2], 0)
+",
+    super::mutex::prune_head!("KEYS[i + 2]", "KEYS[i + 3]"),
+    r"
+    if head == ARGV[1] then
+      headed[i] = true
+    elseif head then
+      ms = tonumber(redis.call('ZSCORE', KEYS[i + 3], head)) - now
+    end
   end
-  if holder and holder ~= ARGV[1] then
-    return {0, redis.call('PTTL', KEYS[i])}
-  end
-  local head
-  if not holder then
-    head = redis.call('LINDEX', KEYS[i + 2], 0)
-    if head and head ~= ARGV[1] then
-      local due = tonumber(redis.call('ZSCORE', KEYS[i + 3], head) or '0')
-      if due > now then
-        return {0, due - now}
-      end
+  if ms then
+    if ttl == 0 then
+      return {0, ms}
+    end
+    if (not wait) or (ms > 0 and (wait <= 0 or ms < wait)) then
+      wait = ms
     end
   end
   holders[i] = holder
-  queued[i] = head and 'q' or ''
 end
-local reply = {1, 0}
+if not wait then
+  local reply = {1, 0}
+  for i = 1, #KEYS, 5 do
+    local fence
+    if headed[i] then
+      redis.call('LPOP', KEYS[i + 2])
+      redis.call('ZREM', KEYS[i + 3], ARGV[1])
+    end
+    if holders[i] then
+      redis.call('PEXPIRE', KEYS[i], ARGV[2])
+      fence = tonumber(redis.call('GET', KEYS[i + 1]) or '0')
+    else
+      local queued = ''
+      if redis.call('EXISTS', KEYS[i + 2]) == 1 then
+        queued = 'q'
+      end
+      redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+      redis.call('SET', KEYS[i + 4], queued, 'PX', '315360000000')
+      fence = redis.call('INCR', KEYS[i + 1])
+    end
+    reply[#reply + 1] = fence
+    if (i + 4) / 5 == tonumber(ARGV[3]) then
+      reply[2] = fence
+    end
+  end
+  return reply
+end
+local placed = true
 for i = 1, #KEYS, 5 do
-  local fence
-  if holders[i] then
-    redis.call('PEXPIRE', KEYS[i], ARGV[2])
-    fence = tonumber(redis.call('GET', KEYS[i + 1]) or '0')
-  else
-    redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
-    redis.call('SET', KEYS[i + 4], queued[i], 'PX', '315360000000')
-    fence = redis.call('INCR', KEYS[i + 1])
-  end
-  reply[#reply + 1] = fence
-  if (i + 4) / 5 == tonumber(ARGV[3]) then
-    reply[2] = fence
+  if holders[i] ~= ARGV[1]
+    and tonumber(redis.call('ZSCORE', KEYS[i + 3], ARGV[1]) or '0') <= now then
+    placed = false
   end
 end
-return reply
-";
+for i = 1, #KEYS, 5 do
+  local holder = holders[i]
+  if holder ~= ARGV[1] then
+    if not placed then
+      if redis.call('ZREM', KEYS[i + 3], ARGV[1]) == 1 then
+        redis.call('LREM', KEYS[i + 2], 1, ARGV[1])
+      end
+      redis.call('RPUSH', KEYS[i + 2], ARGV[1])
+      redis.call('SET', KEYS[i + 4], 'q', 'KEEPTTL')
+    end
+    redis.call('ZADD', KEYS[i + 3], now + ttl, ARGV[1])
+    redis.call('PEXPIRE', KEYS[i + 2], ARGV[5])
+    redis.call('PEXPIRE', KEYS[i + 3], ARGV[5])
+    if holder and string.sub(holder, -1) ~= '+' then
+      redis.call('SET', KEYS[i], holder .. '+', 'KEEPTTL')
+    end
+  end
+end
+return {0, wait}
+"
+);
 
-/// Release all. `KEYS` as for acquire; `ARGV`: token, then each key's release channel. `DEL`s
-/// each key that still holds this token and publishes the live head of its mutex waiter queue on
-/// its channel (`SPUBLISH` under `pcall`, as the mutex's release does). Replies 1 if any key was
-/// released, else 0.
-pub(super) const RELEASE_ALL: &str = r"
+/// Release all. `KEYS` as for acquire; `ARGV`: token, hand-off lease ms, then each key's release
+/// channel. `DEL`s each key that still holds this token, and takes this token out of each queue
+/// it waits in. Where that left a key free, its queue's dead heads are dropped and the live
+/// head, if any, is told on the key's channel (`SPUBLISH` under `pcall`, as the mutex's release
+/// does): a single-key waiter is handed the key as the mutex's release hands it
+/// (`token:fence:ms`), a caller of several keys (token `m…`) keeps its place and gets its bare
+/// token, so it tries at once. Replies 1 if any key was released, else 0.
+pub(super) const RELEASE_ALL: &str = concat!(
+    r"
 local released = 0
 local now
 for i = 1, #KEYS, 5 do
   local holder = redis.call('GET', KEYS[i])
+  local freed = false
   if holder == ARGV[1] or holder == ARGV[1] .. '+' then
     released = released + redis.call('DEL', KEYS[i])
-    local head = redis.call('LINDEX', KEYS[i + 2], 0)
-    if head then
-      if not now then
-        local t = redis.call('TIME')
-        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    freed = true
+  elseif redis.call('ZREM', KEYS[i + 3], ARGV[1]) == 1 then
+    redis.call('LREM', KEYS[i + 2], 1, ARGV[1])
+    freed = not holder
+  end
+  local head = freed and redis.call('LINDEX', KEYS[i + 2], 0)
+  if head then
+    if not now then
+      local t = redis.call('TIME')
+      now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+",
+    super::mutex::prune_head!("KEYS[i + 2]", "KEYS[i + 3]"),
+    r"
+    local channel = ARGV[(i + 4) / 5 + 2]
+    if head and string.sub(head, 1, 1) == 'm' then
+      redis.pcall('SPUBLISH', channel, head)
+    elseif head then
+      redis.call('LPOP', KEYS[i + 2])
+      redis.call('ZREM', KEYS[i + 3], head)
+      local value, queued = head, ''
+      if redis.call('EXISTS', KEYS[i + 2]) == 1 then
+        value, queued = head .. '+', 'q'
       end
-      if tonumber(redis.call('ZSCORE', KEYS[i + 3], head) or '0') > now then
-        redis.pcall('SPUBLISH', ARGV[(i + 4) / 5 + 1], head)
-      end
+      redis.call('SET', KEYS[i], value, 'PX', ARGV[2])
+      redis.call('SET', KEYS[i + 4], queued, 'PX', '315360000000')
+      local fence = redis.call('INCR', KEYS[i + 1])
+      redis.pcall('SPUBLISH', channel, head .. ':' .. fence .. ':' .. ARGV[2])
     end
   end
 end
@@ -103,7 +186,8 @@ if released > 0 then
   return 1
 end
 return 0
-";
+"
+);
 
 /// Shorten all (minimum hold). `KEYS` as for acquire; `ARGV`: token, ms. Lets each key that still
 /// holds this token expire in `ms`. Replies 1 if any did, else 0.
@@ -131,27 +215,35 @@ static RELEASE_ALL_SCRIPT: std::sync::LazyLock<Script> =
 /// The rules of one unit: every key of `parts` owned by one token, taken and given back at once.
 #[derive(Debug)]
 struct UnitRules {
-    /// The mutex's script keys of each part, in fours.
+    /// The mutex's script keys of each part, in fives.
     script_keys: Vec<Bytes>,
     /// The release channel of each part.
     channels: Vec<Value>,
+    /// The lock key of each part.
+    locks: Vec<Bytes>,
     /// Which part's fencing token the acquire script replies (1-based).
     report: i64,
 }
 
 impl Rules for UnitRules {
-    /// All parts at once or none; there is no queue for a set of keys, so waiting changes nothing.
+    /// All parts at once or none; a waiting caller queues on every part's waiter queue.
     fn wait_call(
         &self,
         keys: &LockKeys,
         token: &Bytes,
         lease: Duration,
-        _waiter_ttl: Duration,
+        waiter_ttl: Duration,
     ) -> ScriptCall<'static> {
         let args = vec![
             Value::Bytes(token.clone()),
             Value::Integer(millis(lease)),
             Value::Integer(self.report),
+            Value::Integer(if waiter_ttl.is_zero() {
+                0
+            } else {
+                millis(waiter_ttl).max(1)
+            }),
+            Value::Integer(millis(engine::QUEUE_TTL)),
         ];
         ACQUIRE_ALL_SCRIPT.call(keys.slot, self.script_keys.clone(), args)
     }
@@ -160,10 +252,11 @@ impl Rules for UnitRules {
         &self,
         keys: &LockKeys,
         token: &Bytes,
-        _handoff_lease: Duration,
+        handoff_lease: Duration,
     ) -> ScriptCall<'static> {
-        let mut args = Vec::with_capacity(1 + self.channels.len());
+        let mut args = Vec::with_capacity(2 + self.channels.len());
         args.push(Value::Bytes(token.clone()));
+        args.push(Value::Integer(millis(handoff_lease).max(1)));
         args.extend(self.channels.iter().cloned());
         RELEASE_ALL_SCRIPT.call(keys.slot, self.script_keys.clone(), args)
     }
@@ -186,6 +279,19 @@ impl Rules for UnitRules {
             key: keys.lock.clone(),
             kind: HoldKind::Owner,
         }
+    }
+
+    fn queues(&self) -> bool {
+        true
+    }
+
+    /// A release of any part may name this caller (its bare token: try now).
+    fn watched_keys(&self, _keys: &LockKeys) -> Vec<Bytes> {
+        self.locks.clone()
+    }
+
+    fn token_prefix(&self) -> &'static [u8] {
+        b"m"
     }
 }
 
@@ -219,6 +325,7 @@ fn plan(all: Vec<Arc<LockKeys>>, by_slot: bool) -> (Vec<Unit>, usize) {
                     .iter()
                     .map(|p| Value::Bytes(crate::notify::channel(&p.lock)))
                     .collect(),
+                locks: parts.iter().map(|p| p.lock.clone()).collect(),
                 report: i64::try_from(position + 1).unwrap_or(1),
             };
             Unit {
@@ -247,7 +354,10 @@ impl<K: ?Sized> Locks<K> {
     /// keys are taken in one global order (hash slot, then server key; duplicates count once),
     /// all keys of one slot in one round trip (on a standalone or replicated deployment, all
     /// keys in one round trip), and when a later slot's keys are busy the ones already taken are
-    /// released and the call backs off and retries within the wait. Each key is a lease of its
+    /// released and the call backs off and retries within the wait. While it waits it holds a
+    /// place in the fair waiter queue of each key (of the first slot, in a cluster), as
+    /// [`Locks::with_lock`]'s waiters do, so a stream of single-key callers cannot keep it out
+    /// until its wait ends. Each key is a lease of its
     /// own, renewed while the body runs; losing any key is losing the whole: the body is
     /// dropped and [`LockError::LockLost`] names the lost key. The keys are the mutex's, so
     /// they exclude [`Locks::with_lock`] on any of them.

@@ -6,7 +6,7 @@
 //!   `sections=N timeouts=T p99_wait_us=P max_wait_us=M first_us=F` (F: when this process's
 //!   first section began, after the start). An optional last argument names the primitive:
 //!   `mutex` (the default), `semaphore` (one permit), `write` or `read` (the read-write lock's
-//!   writer or reader).
+//!   writer or reader), or `pair` (`with_locks` on `key` and `<key>:pair` at once).
 //! - `fair_worker wait <url> <namespace> <key> [<wait-ms>]`: prints `waiting`, then waits (up to
 //!   `wait-ms`, default 60 s) for the lock and prints `acquired` when it gets it (tests SIGKILL it while it is queued).
 
@@ -42,6 +42,7 @@ async fn main() -> Result<(), Error> {
                         .await?
                         .semaphore_with(1, options(namespace))?,
                 ),
+                Some("pair") => Subject::Pair(locks(url, namespace).await?),
                 Some("write") => Subject::Write(
                     LockClient::connect(url)
                         .await?
@@ -104,6 +105,8 @@ fn options(namespace: &str) -> LockOptions {
 #[derive(Clone)]
 enum Subject {
     Mutex(Locks<str>),
+    /// Both `key` and `<key>:pair`, with `with_locks`.
+    Pair(Locks<str>),
     Semaphore(Semaphores<str>),
     Write(RwLocks<str>),
     Read(RwLocks<str>),
@@ -119,6 +122,10 @@ impl Subject {
     ) -> Result<F::Output, LockError> {
         match self {
             Subject::Mutex(locks) => locks.with_lock(key, wait, body).await,
+            Subject::Pair(locks) => {
+                let second = format!("{key}:pair");
+                locks.with_locks(&[key, second.as_str()], wait, body).await
+            }
             Subject::Semaphore(sem) => sem.acquire(key, wait, body).await,
             Subject::Write(rw) => rw.write(key, wait, body).await,
             Subject::Read(rw) => rw.read(key, wait, body).await,

@@ -48,6 +48,8 @@ end
     };
 }
 
+pub(in crate::primitives) use prune_head;
+
 /// How long after a grant its `:since` marker expires (10 years): the grant's server time is
 /// the marker's `PEXPIRETIME` minus this.
 pub(in crate::primitives) const SINCE_HORIZON_MS: i64 = 315_360_000_000;
@@ -139,7 +141,7 @@ return {0, pttl, tonumber(redis.call('GET', KEYS[2]) or '0')}
 );
 
 /// Release. KEYS: lock, queue, deadlines, fence, since (see [`release_keys`]); ARGV: token,
-/// release channel, hand-off lease ms.
+/// release channel, hand-off lease ms, queue TTL ms.
 ///
 /// Removes this token's hold (or, for a waiter that gives up, its place in the queue). If that
 /// left the lock free and a live waiter heads the queue, the lock passes to it on the server: its
@@ -149,8 +151,12 @@ return {0, pttl, tonumber(redis.call('GET', KEYS[2]) or '0')}
 /// under `pcall` so a server or ACL without sharded pub/sub only costs the new owner a poll,
 /// which finds its own token and confirms the grant). Waiters are popped off the queue's head
 /// (`LPOP`) until a live one comes: dead ones are dropped, the live one is the next owner.
+/// A live head that waits for several keys (its token starts with `m`, see
+/// `Locks::with_locks`) is never handed this key alone: it keeps its place (the queue's keys
+/// last the queue TTL again), the key stays free for it, and its bare token is published so
+/// that it tries at once.
 /// Replies 1 when it removed the hold, else 0; `{1 | 0, head, fence}` when it handed the lock
-/// on, so this process can wake its own waiter at once.
+/// on, so this process can wake its own waiter at once (`{1 | 0, head}` when it only named it).
 const RELEASE: &str = r"
 local released = 0
 local holder = redis.call('GET', KEYS[1])
@@ -170,11 +176,23 @@ local head = redis.call('LPOP', KEYS[2])
 if head then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local due
   while head do
-    local due = tonumber(redis.call('ZSCORE', KEYS[3], head))
+    due = tonumber(redis.call('ZSCORE', KEYS[3], head))
     redis.call('ZREM', KEYS[3], head)
     if due and due > now then break end
     head = redis.call('LPOP', KEYS[2])
+  end
+  if head and string.sub(head, 1, 1) == 'm' then
+    redis.call('LPUSH', KEYS[2], head)
+    redis.call('ZADD', KEYS[3], due, head)
+    redis.call('PEXPIRE', KEYS[2], ARGV[4])
+    redis.call('PEXPIRE', KEYS[3], ARGV[4])
+    if released == 1 then
+      redis.call('DEL', KEYS[1])
+    end
+    redis.pcall('SPUBLISH', ARGV[2], head)
+    return {released, head}
   end
   if head then
     local value, queued = head, ''
@@ -265,6 +283,7 @@ impl Rules for MutexRules {
             Value::Bytes(token.clone()),
             Value::Bytes(crate::notify::channel(&keys.lock)),
             Value::Integer(millis(handoff_lease).max(1)),
+            Value::Integer(millis(engine::QUEUE_TTL)),
         ];
         RELEASE_SCRIPT.call(keys.slot, release_keys(keys), args)
     }
