@@ -91,8 +91,9 @@ if not wait then
       redis.call('PEXPIRE', KEYS[i], ARGV[2])
       fence = tonumber(redis.call('GET', KEYS[i + 1]) or '0')
     else
+      -- Nobody queued unless this token headed the queue (others may be behind it).
       local queued = ''
-      if redis.call('EXISTS', KEYS[i + 2]) == 1 then
+      if headed[i] and redis.call('EXISTS', KEYS[i + 2]) == 1 then
         queued = 'q'
       end
       redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
