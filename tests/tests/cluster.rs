@@ -370,3 +370,84 @@ async fn stale_routing_to_a_replica_does_not_lose_the_lock() {
         }
     }
 }
+
+/// `with_locks` on keys of two slots waits in line for the later slot while it holds the
+/// earlier one, which is renewed meanwhile: with a 1 s lease and the later key held for 2.5 s,
+/// the earlier key stays this caller's throughout (another client cannot take it), and once the
+/// later key is released the body runs with both keys held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_slots_hold_the_earlier_while_waiting_for_the_later() {
+    for kind in ServerKind::ALL {
+        let ns = format!("slots-wait-{}", rand::random::<u32>());
+        let slot = |key: &str| harness::key_slot(&LockClient::server_key(&ns, key));
+        let (early, late) = if slot("a") < slot("b") {
+            ("a", "b")
+        } else {
+            ("b", "a")
+        };
+        let options = || {
+            LockOptions::new()
+                .namespace(ns.as_str())
+                .lease(Duration::from_secs(1))
+        };
+        let (holder, several, other) = (
+            target(kind).client().await,
+            target(kind).client().await,
+            target(kind).client().await,
+        );
+        let holding: Locks<str> = holder.lock_with(options()).expect("opts");
+        let waiting: Locks<str> = several.lock_with(options()).expect("opts");
+        let trying: Locks<str> = other.lock_with(options()).expect("opts");
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let (held_tx, held_rx) = tokio::sync::oneshot::channel::<()>();
+        let holding_task = tokio::spawn(async move {
+            holding
+                .with_lock(late, Duration::from_secs(2), async {
+                    let _ = held_tx.send(());
+                    let _ = released.await;
+                    Instant::now()
+                })
+                .await
+                .expect("hold the later key")
+        });
+        held_rx.await.expect("later key held");
+        let waiter = tokio::spawn(async move {
+            waiting
+                .with_locks(&[late, early], Duration::from_secs(10), async {
+                    let lease = sage_lock::current_lease().expect("inside the body");
+                    (Instant::now(), lease.fencing_tokens().count())
+                })
+                .await
+        });
+        // Past the 1 s lease several times over: the earlier key must still be the waiter's.
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let tried = trying
+                .try_with_lock(early, async {})
+                .await
+                .expect("try the earlier key");
+            assert!(
+                tried.is_none(),
+                "{}: the earlier key was free while the caller waited for the later one",
+                kind.name()
+            );
+        }
+        release.send(()).expect("release the later key");
+        let released_at = holding_task.await.expect("holder");
+        let (entered, keys) = waiter
+            .await
+            .expect("waiter task")
+            .expect("both keys after the release");
+        assert_eq!(keys, 2, "{}", kind.name());
+        let took = entered.saturating_duration_since(released_at);
+        println!(
+            "{} cluster: entered {took:?} after the later key's release",
+            kind.name()
+        );
+        assert!(
+            took < Duration::from_millis(500),
+            "{}: the queued caller took {took:?} to enter after the release",
+            kind.name()
+        );
+    }
+}

@@ -1,10 +1,11 @@
-//! Holding several locks as one (the multi-key lock): units acquired in one fixed order with
-//! rollback, each key renewed on its own, the loss of any key the loss of the whole.
+//! Holding several locks as one (the multi-key lock): units acquired in one fixed order, each
+//! key renewed on its own from its grant, the loss of any key the loss of the whole.
 //!
 //! A *unit* is what one script call acquires atomically: every key of one hash slot in a cluster,
 //! every key on other deployments. Callers pass the units sorted in the one global order (slot,
-//! then server key), so two callers asking for overlapping sets in any order contend on the
-//! same unit first and never hold one unit each while waiting for the other's.
+//! then server key) and take them in that order, holding the earlier ones while they wait in
+//! line for the next: a caller only ever waits for a unit later than all it holds, so callers
+//! asking for overlapping sets in any order never wait for each other in a circle.
 
 use std::future::poll_fn;
 use std::pin::Pin;
@@ -57,93 +58,27 @@ pub(crate) async fn run_all<F: Future>(
     let acquired = Box::pin(acquire_all(&engine, &settings, &units, mode))
         .instrument(span.clone())
         .await?;
-    let Some(helds) = acquired else {
+    let Some(taken) = acquired else {
         return Ok(None);
     };
-    Box::pin(hold_all(helds, &units, report, &settings, body, span))
+    Box::pin(hold_all(taken, &units, report, &settings, body, span))
         .await
         .map(Some)
 }
 
-/// Takes the units in order: the first waits (holding nothing), the later ones are only tried;
-/// when one is busy, what was taken is released and the round starts again after a backoff.
-async fn acquire_all(
-    engine: &Arc<Engine>,
-    settings: &LockSettings,
-    units: &[Unit],
-    mode: Mode,
-) -> Result<Option<Vec<Held>>, LockError> {
-    let start = Instant::now();
-    let deadline = match mode {
-        Mode::Wait(wait) => start
-            .checked_add(wait)
-            .unwrap_or_else(|| deadline_after(wait)),
-        Mode::Try => start,
-    };
-    let mut backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(200));
-    loop {
-        let mut taken = Vec::with_capacity(units.len());
-        let mut busy = None;
-        for (index, unit) in units.iter().enumerate() {
-            let unit_mode = match mode {
-                Mode::Wait(_) if index == 0 => {
-                    Mode::Wait(remaining(deadline).max(Duration::from_millis(1)))
-                }
-                _ => Mode::Try,
-            };
-            match acquire(engine, &unit.rules, settings, &unit.keys, unit_mode).await {
-                Ok(Some(held)) => taken.push(held),
-                Ok(None) => {
-                    busy = Some(index);
-                    break;
-                }
-                Err(error) => {
-                    release_all(taken).await;
-                    return Err(error);
-                }
-            }
-        }
-        let Some(busy) = busy else {
-            return Ok(Some(taken));
-        };
-        // Roll back: never hold part of the set while waiting for the rest.
-        release_all(taken).await;
-        let left = remaining(deadline);
-        if matches!(mode, Mode::Try) {
-            return Ok(None);
-        }
-        if left.is_zero() {
-            engine.conn.stats.record(&settings.metrics, Event::Timeout);
-            return Err(LockError::TimedOut {
-                key: units[busy].keys.display().to_string(),
-                namespace: settings.namespace.to_string(),
-                waited: start.elapsed(),
-                reason: TimeoutReason::Busy,
-            });
-        }
-        tokio::time::sleep(backoff.next_delay(left)).await;
-    }
+/// The units taken so far, each part renewed from the moment its unit was granted.
+#[derive(Default)]
+struct Taken {
+    helds: Vec<Held>,
+    registrations: Vec<Registration>,
+    /// (unit index, part key, the renewer's loss report) for every part.
+    losses: Vec<(usize, Arc<str>, oneshot::Receiver<LossReason>)>,
 }
 
-async fn release_all(helds: Vec<Held>) {
-    for held in helds {
-        held.release().await;
-    }
-}
-
-/// Runs `body` while every unit lasts: each part renewed on its own, the body cancelled when
-/// any part is lost (the error names it), every unit released after.
-async fn hold_all<F: Future>(
-    mut helds: Vec<Held>,
-    units: &[Unit],
-    report: usize,
-    settings: &LockSettings,
-    body: F,
-    span: tracing::Span,
-) -> Result<F::Output, LockError> {
-    let mut registrations: Vec<Registration> = Vec::new();
-    let mut losses: Vec<(usize, Arc<str>, oneshot::Receiver<LossReason>)> = Vec::new();
-    for (index, (held, unit)) in helds.iter().zip(units).enumerate() {
+impl Taken {
+    /// Adds `held`, the grant of `unit`, and starts renewing each of its parts.
+    fn push(&mut self, held: Held, unit: &Unit, settings: &LockSettings) {
+        let index = self.helds.len();
         for part in &unit.parts {
             let (lost_tx, lost_rx) = oneshot::channel();
             let renewal = Renewal {
@@ -156,16 +91,120 @@ async fn hold_all<F: Future>(
                 granted_by: held.granted_by.clone(),
                 metrics: Arc::clone(&settings.metrics),
             };
-            registrations.push(held.engine.renewer.register(renewal, lost_tx));
-            losses.push((index, Arc::clone(part.display()), lost_rx));
+            self.registrations
+                .push(held.engine.renewer.register(renewal, lost_tx));
+            self.losses
+                .push((index, Arc::clone(part.display()), lost_rx));
         }
+        self.helds.push(held);
     }
+
+    /// Stops renewal and releases every unit taken.
+    async fn release(self) {
+        drop(self.registrations);
+        release_all(self.helds).await;
+    }
+}
+
+/// Takes the units in order, each renewed as soon as it is granted. Waiting, each unit waits
+/// in line (queued on its keys) while the earlier ones are held: every caller takes units in
+/// the one global order, so no two wait for each other. An earlier unit lost while a later one
+/// is awaited puts everything back and starts again within the wait. In [`Mode::Try`] a busy
+/// unit puts back what was taken and ends the call.
+async fn acquire_all(
+    engine: &Arc<Engine>,
+    settings: &LockSettings,
+    units: &[Unit],
+    mode: Mode,
+) -> Result<Option<Taken>, LockError> {
+    let start = Instant::now();
+    let deadline = match mode {
+        Mode::Wait(wait) => start
+            .checked_add(wait)
+            .unwrap_or_else(|| deadline_after(wait)),
+        Mode::Try => start,
+    };
+    let mut backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(200));
+    'round: loop {
+        let mut taken = Taken::default();
+        for unit in units {
+            let unit_mode = match mode {
+                Mode::Wait(_) => Mode::Wait(remaining(deadline).max(Duration::from_millis(1))),
+                Mode::Try => Mode::Try,
+            };
+            let leases: Vec<Lease> = taken.helds.iter().map(|h| h.lease.clone()).collect();
+            let acquiring = acquire(engine, &unit.rules, settings, &unit.keys, unit_mode);
+            let outcome = tokio::select! {
+                biased;
+                (_, key, reason) = first_loss(&mut taken.losses), if !taken.losses.is_empty() => {
+                    Err((key, reason))
+                }
+                index = any_ran_out(&leases, settings.lease), if !leases.is_empty() => Err((
+                    Arc::clone(units[index].keys.display()),
+                    LossReason::RenewalFailed("no renewal completed in time".into()),
+                )),
+                acquired = acquiring => Ok(acquired),
+            };
+            match outcome {
+                Ok(Ok(Some(held))) => taken.push(held, unit, settings),
+                Ok(Ok(None)) => {
+                    taken.release().await;
+                    return Ok(None);
+                }
+                Ok(Err(error)) => {
+                    taken.release().await;
+                    return Err(error);
+                }
+                Err((key, reason)) => {
+                    // Lost before the body ran: nothing was done under it, so start again.
+                    tracing::debug!(%key, ?reason, "a key was lost while waiting for the next; retrying");
+                    taken.release().await;
+                    if remaining(deadline).is_zero() {
+                        engine.conn.stats.record(&settings.metrics, Event::Timeout);
+                        return Err(LockError::TimedOut {
+                            key: key.to_string(),
+                            namespace: settings.namespace.to_string(),
+                            waited: start.elapsed(),
+                            reason: TimeoutReason::Busy,
+                        });
+                    }
+                    tokio::time::sleep(backoff.next_delay(remaining(deadline))).await;
+                    continue 'round;
+                }
+            }
+        }
+        return Ok(Some(taken));
+    }
+}
+
+async fn release_all(helds: Vec<Held>) {
+    for held in helds {
+        held.release().await;
+    }
+}
+
+/// Runs `body` while every unit lasts: each part renewed on its own (since its grant), the
+/// body cancelled when any part is lost (the error names it), every unit released after.
+async fn hold_all<F: Future>(
+    taken: Taken,
+    units: &[Unit],
+    report: usize,
+    settings: &LockSettings,
+    body: F,
+    span: tracing::Span,
+) -> Result<F::Output, LockError> {
+    let Taken {
+        mut helds,
+        registrations,
+        mut losses,
+    } = taken;
     // From here on (the body may run) a release keeps the minimum hold, cancellation included.
     for held in &mut helds {
         held.hold_at_least = settings.hold_at_least;
     }
     let leases: Vec<Lease> = helds.iter().map(|held| held.lease.clone()).collect();
     let Some(lease) = leases.get(report).cloned() else {
+        drop(registrations);
         release_all(helds).await;
         return Err(LockError::invalid("keys", "internal: no unit to report"));
     };

@@ -7,8 +7,8 @@
 //! handing it one key alone (its token starts with `m`), and its own release hands each freed
 //! key to the next single-key waiter as the mutex's does. The keys are sorted into one global
 //! order (hash slot, then server key) and deduplicated; each *unit* (the keys of one slot in a
-//! cluster, all keys elsewhere) is taken atomically by one script call, units in order with
-//! rollback (see the engine's `multi`).
+//! cluster, all keys elsewhere) is taken atomically by one script call, units in order, the
+//! earlier held while the caller waits for the next (see the engine's `multi`).
 
 use std::borrow::Borrow;
 use std::sync::Arc;
@@ -354,11 +354,10 @@ impl<K: ?Sized> Locks<K> {
     /// Never deadlocks against other callers asking for overlapping sets in any order: the
     /// keys are taken in one global order (hash slot, then server key; duplicates count once),
     /// all keys of one slot in one round trip (on a standalone or replicated deployment, all
-    /// keys in one round trip), and when a later slot's keys are busy the ones already taken are
-    /// released and the call backs off and retries within the wait. While it waits it holds a
-    /// place in the fair waiter queue of each key (of the first slot, in a cluster), as
-    /// [`Locks::with_lock`]'s waiters do, so a stream of single-key callers cannot keep it out
-    /// until its wait ends. Each key is a lease of its
+    /// keys in one round trip), holding the earlier slots' keys (renewed) while it waits for the
+    /// next slot's. While it waits it holds a place in the fair waiter queue of each key it
+    /// waits for, as [`Locks::with_lock`]'s waiters do, so a stream of single-key callers
+    /// cannot keep it out until its wait ends. Each key is a lease of its
     /// own, renewed while the body runs; losing any key is losing the whole: the body is
     /// dropped and [`LockError::LockLost`] names the lost key. The keys are the mutex's, so
     /// they exclude [`Locks::with_lock`] on any of them.
