@@ -27,16 +27,7 @@ pub(crate) async fn hold<F: Future>(
     span: tracing::Span,
 ) -> Result<F::Output, LockError> {
     let (lost_tx, lost_rx) = oneshot::channel();
-    let renewal = Renewal {
-        slot: held.keys.slot,
-        target: held.rules.renew_target(&held.keys),
-        token: held.token.clone(),
-        lease_duration: settings.lease,
-        replica_ack: settings.replica_acknowledgement,
-        lease: held.lease.clone(),
-        granted_by: held.granted_by.clone(),
-        metrics: Arc::clone(&settings.metrics),
-    };
+    let renewal = held.renewal_of(&held.keys, settings);
     held.renewal = Some(held.engine.renewer.register(renewal, lost_tx));
     // From here on (the body may run) a release keeps the minimum hold, cancellation included.
     held.hold_at_least = settings.hold_at_least;
@@ -122,6 +113,21 @@ pub(crate) struct Held {
 }
 
 impl Held {
+    /// The renewal of this hold's lease where it lives on `keys`: the hold's own key, or one
+    /// part of a several-key unit.
+    pub(super) fn renewal_of(&self, keys: &LockKeys, settings: &LockSettings) -> Renewal {
+        Renewal {
+            slot: keys.slot,
+            target: self.rules.renew_target(keys),
+            token: self.token.clone(),
+            lease_duration: settings.lease,
+            replica_ack: settings.replica_acknowledgement,
+            lease: self.lease.clone(),
+            granted_by: self.granted_by.clone(),
+            metrics: Arc::clone(&settings.metrics),
+        }
+    }
+
     /// Releases the hold, taking at most [`RELEASE_TIMEOUT`].
     pub(crate) async fn release(mut self) {
         self.stop_renewal();

@@ -24,7 +24,7 @@ use crate::key::LockKeys;
 use crate::lease::{Lease, scope};
 use crate::observe::Event;
 use crate::options::LockSettings;
-use crate::renewal::{Registration, Renewal};
+use crate::renewal::Registration;
 use crate::retry::{Backoff, deadline_after, remaining};
 
 /// One atomic acquisition: `rules` acquire and release every key of `parts` in one call.
@@ -81,16 +81,7 @@ impl Taken {
         let index = self.helds.len();
         for part in &unit.parts {
             let (lost_tx, lost_rx) = oneshot::channel();
-            let renewal = Renewal {
-                slot: part.slot,
-                target: held.rules.renew_target(part),
-                token: held.token.clone(),
-                lease_duration: settings.lease,
-                replica_ack: settings.replica_acknowledgement,
-                lease: held.lease.clone(),
-                granted_by: held.granted_by.clone(),
-                metrics: Arc::clone(&settings.metrics),
-            };
+            let renewal = held.renewal_of(part, settings);
             self.registrations
                 .push(held.engine.renewer.register(renewal, lost_tx));
             self.losses
