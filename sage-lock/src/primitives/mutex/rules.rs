@@ -328,17 +328,21 @@ mod tests {
     #[test]
     fn holder_checks_accept_the_queued_mark() {
         let marked = "holder == ARGV[1] or holder == ARGV[1] .. '+'";
-        for script in [RELEASE, SHORTEN, crate::primitives::multi::RELEASE_ALL] {
+        for script in [
+            RELEASE,
+            SHORTEN,
+            crate::primitives::multi::rules::RELEASE_ALL,
+        ] {
             assert!(script.contains(marked), "{script}");
         }
         assert!(ACQUIRE.contains(marked) && ACQUIRE.contains("holder .. '+', 'KEEPTTL'"));
-        assert!(crate::primitives::multi::ACQUIRE_ALL.contains("holder == ARGV[1] .. '+'"));
+        assert!(crate::primitives::multi::rules::ACQUIRE_ALL.contains("holder == ARGV[1] .. '+'"));
     }
 
     #[test]
     fn grant_scripts_use_the_since_horizon() {
         let horizon = format!("'{SINCE_HORIZON_MS}'");
         assert!(ACQUIRE.contains(&horizon) && RELEASE.contains(&horizon));
-        assert!(crate::primitives::multi::ACQUIRE_ALL.contains(&horizon));
+        assert!(crate::primitives::multi::rules::ACQUIRE_ALL.contains(&horizon));
     }
 }

@@ -6,8 +6,13 @@
 //! lock's channel `{ns:key}:released` (`SPUBLISH`, in the key's own hash slot, so
 //! a cluster delivers it within one shard). One subscriber connection per client, opened on
 //! first need, multiplexes the channels of every key this process waits on; the waiting task
-//! named by a message takes the [`Grant`] at once instead of finding it at its next poll. Subscriptions outlive their last waiter by [`LINGER`] (so steady contention does
-//! not pay a subscribe per wait), then are dropped: they stay bounded by the keys waited on.
+//! named by a message takes the [`Grant`] at once instead of finding it at its next poll.
+//! Subscriptions outlive their last waiter by [`LINGER`](channels::LINGER) (so steady
+//! contention does not pay a subscribe per wait), then are dropped: they stay bounded by the keys
+//! waited on.
+//!
+//! Inside: [`message`] is the wire format, `channels` who watches what, `listener` the
+//! subscriber connection's task.
 //!
 //! The semaphore and the read-write lock publish on a channel of their own
 //! (`Rules::release_announcement`), the same `token:fence:ms` for each waiter their release
@@ -21,83 +26,23 @@
 //! costs at most one poll. After the subscriber reconnects, it subscribes again and wakes every
 //! waiter once (releases may have slipped past while it was away).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+mod channels;
+mod listener;
+mod message;
+
+use std::sync::Arc;
 use std::time::Duration;
 
 use fred::bytes::Bytes;
 use fred::clients::Client;
-use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
+use fred::interfaces::{ClientLike, PubsubInterface};
 use fred::types::config::ReconnectPolicy;
 use tokio::sync::{Notify, OnceCell};
 use tokio::time::Instant;
 
-/// How long a channel stays subscribed after its last local waiter left.
-pub(crate) const LINGER: Duration = Duration::from_secs(2);
-/// The suffix of a lock's release channel.
-const SUFFIX: &[u8] = b":released";
-
-/// The release channel of the lock stored at `lock_key` (same hash slot as the key).
-pub(crate) fn channel(lock_key: &[u8]) -> Bytes {
-    let mut name = Vec::with_capacity(lock_key.len() + SUFFIX.len());
-    name.extend_from_slice(lock_key);
-    name.extend_from_slice(SUFFIX);
-    Bytes::from(name)
-}
-
-/// A lock a release handed to a local waiter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Grant {
-    /// The fencing token of the handed-off hold.
-    pub(crate) fence: u64,
-    /// When the release was sent, if this process sent it (real clock): the grant is no older.
-    pub(crate) since: Option<std::time::Instant>,
-    /// The hand-off lease the release set, when it said (`None`: a release of an earlier
-    /// version, which always set the longest hand-off lease).
-    pub(crate) lease: Option<Duration>,
-}
-
-impl Grant {
-    pub(crate) fn new(fence: u64, since: Option<std::time::Instant>) -> Self {
-        Grant {
-            fence,
-            since,
-            lease: None,
-        }
-    }
-
-    /// The same grant, with the hand-off lease the release set.
-    #[must_use]
-    pub(crate) fn with_lease(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
-        self
-    }
-}
-
-/// Splits off the last `:number` of `payload`.
-fn split_number(payload: &[u8]) -> Option<(&[u8], u64)> {
-    let colon = payload.iter().rposition(|b| *b == b':')?;
-    let number = std::str::from_utf8(&payload[colon + 1..])
-        .ok()?
-        .parse()
-        .ok()?;
-    Some((&payload[..colon], number))
-}
-
-/// Splits a release message `token:fence:ms`, or `token:fence` from a release of an earlier
-/// version (or a bare `token`, which names the next waiter without a grant). Tokens are hex.
-fn parse_message(payload: &[u8]) -> (&[u8], Option<Grant>) {
-    let Some((rest, last)) = split_number(payload) else {
-        return (payload, None);
-    };
-    match split_number(rest) {
-        Some((token, fence)) => (
-            token,
-            Some(Grant::new(fence, None).with_lease(Duration::from_millis(last))),
-        ),
-        None => (rest, Some(Grant::new(last, None))),
-    }
-}
+use channels::{Channel, Shared, Watcher, deliver, is_subscribed};
+use listener::spawn_listener;
+pub(crate) use message::{Grant, channel};
 
 /// One client's subscriber connection and the channels its waiters watch.
 #[derive(Debug)]
@@ -106,34 +51,6 @@ pub(crate) struct Notifier {
     template: Client,
     shared: Arc<Shared>,
     subscriber: OnceCell<Client>,
-}
-
-#[derive(Debug, Default)]
-struct Shared {
-    channels: Mutex<HashMap<Bytes, Channel>>,
-}
-
-#[derive(Debug)]
-struct Channel {
-    /// The local tasks that wait on the server for this key (usually one: a process leaves the
-    /// server to one task per key; a caller of several keys watches each of its keys).
-    watchers: Vec<Watcher>,
-    /// The head the last message named, with its grant: a waiter that registers just after its
-    /// message came (between its attempt's reply and [`Notifier::watch`]) still finds it.
-    last: Option<(Bytes, Option<Grant>)>,
-    /// Confirmed by the server (and not lost to a reconnect since).
-    subscribed: bool,
-    /// When the last watch left.
-    idle_since: Instant,
-}
-
-/// One live [`Watch`]: its waiter's token, how to wake it, and the grant a release handed it.
-#[derive(Debug)]
-struct Watcher {
-    token: Bytes,
-    wake: Arc<Notify>,
-    /// The grant a release handed to `token`, until the waiter takes it.
-    grant: Option<Grant>,
 }
 
 /// Whether a watch's channel is subscribed.
@@ -335,146 +252,10 @@ impl Drop for Watch<'_> {
     }
 }
 
-fn is_subscribed(shared: &Shared, channel: &[u8]) -> bool {
-    shared
-        .channels
-        .lock()
-        .is_ok_and(|c| c.get(channel).is_some_and(|e| e.subscribed))
-}
-
-/// Reads messages and reconnects of `client` until it closes or the notifier is gone; drops
-/// channels that lingered idle.
-fn spawn_listener(client: &Client, shared: Weak<Shared>) {
-    let mut messages = client.message_rx();
-    let mut reconnects = client.reconnect_rx();
-    let client = client.clone();
-    tokio::spawn(async move {
-        let mut sweep = tokio::time::interval(LINGER / 2);
-        loop {
-            tokio::select! {
-                message = messages.recv() => match message {
-                    Ok(message) => {
-                        let Some(shared) = shared.upgrade() else { return };
-                        deliver_message(&shared, message.channel.as_bytes(), &message.value);
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                        let Some(shared) = shared.upgrade() else { return };
-                        wake_all(&shared);
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                },
-                reconnect = reconnects.recv() => {
-                    if matches!(reconnect, Err(tokio::sync::broadcast::error::RecvError::Closed)) {
-                        return;
-                    }
-                    let Some(shared) = shared.upgrade() else { return };
-                    resubscribe(&client, &shared).await;
-                }
-                _ = sweep.tick() => {
-                    let Some(shared) = shared.upgrade() else { return };
-                    unsubscribe_idle(&client, &shared).await;
-                }
-            }
-        }
-    });
-}
-
-fn deliver_message(shared: &Shared, channel: &[u8], payload: &fred::types::Value) {
-    if let Some(payload) = payload.as_bytes() {
-        let (head, grant) = parse_message(payload);
-        deliver(shared, channel, head, grant);
-    }
-}
-
-/// Wakes the local waiter named `head` (storing its grant), once per head (a release's reply
-/// and its message both name it). An empty `head` (a release of a primitive without a queue,
-/// see `Rules::release_announcement`) wakes the channel's waiters, whoever they are, to retry.
-fn deliver(shared: &Shared, channel: &[u8], head: &[u8], grant: Option<Grant>) {
-    if let Ok(mut channels) = shared.channels.lock()
-        && let Some(entry) = channels.get_mut(channel)
-    {
-        if head.is_empty() {
-            entry.watchers.iter().for_each(|w| w.wake.notify_one());
-            return;
-        }
-        if entry.last.as_ref().is_some_and(|(last, _)| last == head) {
-            return;
-        }
-        for watcher in entry.watchers.iter_mut().filter(|w| w.token == head) {
-            watcher.grant = grant;
-            watcher.wake.notify_one();
-        }
-        entry.last = Some((Bytes::copy_from_slice(head), grant));
-    }
-}
-
-fn wake_all(shared: &Shared) {
-    if let Ok(channels) = shared.channels.lock() {
-        for watcher in channels.values().flat_map(|e| &e.watchers) {
-            watcher.wake.notify_one();
-        }
-    }
-}
-
-/// After a reconnect the server has forgotten the subscriptions: subscribe again (one command
-/// per channel, which stays valid if slots moved) and wake every waiter once.
-async fn resubscribe(client: &Client, shared: &Shared) {
-    let channels: Vec<Bytes> = match shared.channels.lock() {
-        Ok(mut channels) => {
-            channels.retain(|_, e| !e.watchers.is_empty());
-            channels.values_mut().for_each(|e| e.subscribed = false);
-            channels.keys().cloned().collect()
-        }
-        Err(_) => return,
-    };
-    for channel in channels {
-        let ok = matches!(
-            tokio::time::timeout(Duration::from_secs(1), client.ssubscribe(channel.clone())).await,
-            Ok(Ok(()))
-        );
-        if ok
-            && let Ok(mut channels) = shared.channels.lock()
-            && let Some(entry) = channels.get_mut(&channel)
-        {
-            entry.subscribed = true;
-        }
-    }
-    wake_all(shared);
-}
-
-async fn unsubscribe_idle(client: &Client, shared: &Shared) {
-    let idle: Vec<Bytes> = match shared.channels.lock() {
-        Ok(mut channels) => {
-            let idle: Vec<Bytes> = channels
-                .iter()
-                .filter(|(_, e)| e.watchers.is_empty() && e.idle_since.elapsed() >= LINGER)
-                .map(|(name, _)| name.clone())
-                .collect();
-            for name in &idle {
-                channels.remove(name);
-            }
-            idle
-        }
-        Err(_) => return,
-    };
-    for channel in idle {
-        let _ = tokio::time::timeout(Duration::from_secs(1), client.sunsubscribe(channel)).await;
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::listener::deliver_message;
     use super::*;
-
-    #[test]
-    fn channel_shares_the_key_slot() {
-        let name = channel(b"{lock:a}");
-        assert_eq!(&name[..], b"{lock:a}:released");
-        assert_eq!(
-            fred::util::redis_keyslot(&name),
-            fred::util::redis_keyslot(b"{lock:a}")
-        );
-    }
 
     #[test]
     fn watches_are_counted_and_unsubscribed_channels_forgotten() {
@@ -616,23 +397,5 @@ mod tests {
             closed.is_ok(),
             "the abandoned subscriber connection is still open"
         );
-    }
-
-    #[test]
-    fn messages_split_into_token_and_fence() {
-        assert_eq!(
-            parse_message(b"abc:17:300"),
-            (
-                &b"abc"[..],
-                Some(Grant::new(17, None).with_lease(Duration::from_millis(300)))
-            )
-        );
-        // A release of an earlier version.
-        assert_eq!(
-            parse_message(b"abc:17"),
-            (&b"abc"[..], Some(Grant::new(17, None)))
-        );
-        assert_eq!(parse_message(b"abc"), (&b"abc"[..], None));
-        assert_eq!(parse_message(b"abc:x"), (&b"abc:x"[..], None));
     }
 }

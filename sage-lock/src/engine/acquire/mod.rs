@@ -5,16 +5,20 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::handoff::handed_off;
+mod findings;
+mod place;
+
+use findings::Findings;
+use place::{Place, leave_queue, place_ttl};
+
 use super::hold::safety_lead;
 use super::token::new_token;
 use super::waiters::WaitSlot;
-use super::{Engine, Held, QUEUED_POLL, Rules, TRY_LOCK_RETRY_WINDOW, WAITER_TTL};
+use super::{Engine, Held, QUEUED_POLL, Rules, TRY_LOCK_RETRY_WINDOW};
 use crate::connection::{Ack, DEADLINE_REACHED, OpError};
 use crate::error::{LockError, LossReason, TimeoutReason};
 use crate::key::LockKeys;
 use crate::lease::{Lease, drift};
-use crate::notify::{Subscribed, Watch};
 use crate::observe::Event;
 use crate::options::LockSettings;
 use crate::retry::{Backoff, Failure, classify, deadline_after, remaining};
@@ -183,26 +187,6 @@ enum Stop {
     Failed(fred::error::Error),
 }
 
-fn timeout_reason(
-    last_transient: Option<String>,
-    busy: bool,
-    short: Option<(i64, i64)>,
-) -> TimeoutReason {
-    if let Some((acknowledged, required)) = short {
-        return TimeoutReason::NotAcknowledged {
-            acknowledged,
-            required,
-        };
-    }
-    match (last_transient, busy) {
-        (_, true) => TimeoutReason::Busy,
-        (Some(error), false) => TimeoutReason::Unavailable(error),
-        (None, false) => {
-            TimeoutReason::Unavailable("no reply from the server within the wait".into())
-        }
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 async fn acquire_loop(
     engine: &Engine,
@@ -218,27 +202,13 @@ async fn acquire_loop(
     let lease_duration = settings.lease;
     let namespace = &settings.namespace;
     let mut backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(200));
-    // What the last attempt that got an answer (or a real failure) found.
-    let mut last_transient: Option<String> = None;
-    let mut holder_pttl: Option<Duration>;
-    // Whether the last answer was "busy" (a holder exists, whatever its TTL).
-    let mut busy = false;
-    // The last attempt's grant was not acknowledged by enough replicas: (acknowledged, required).
-    let mut short: Option<(i64, i64)> = None;
+    let mut found = Findings::default();
     let mut attempts = 0_u32;
     let waiting = matches!(mode, Mode::Wait(_));
     // Whether this primitive queues waiters on the server (a refused waiting caller owes the
     // queue its leaving).
     let queued = waiting && rules.queues();
-    // The release channels watched once refused (empty until then, or when none).
-    let mut watches: Vec<Watch<'_>> = Vec::new();
-    let mut subscribed = false;
-    // When the last attempt that found the lock busy (and so queued) was sent: a release can
-    // only hand the lock over after that.
-    let mut queued_at: Option<std::time::Instant> = None;
-    // The fencing counter that attempt saw: a genuine hand-off to this waiter came later, so its
-    // fence is higher (a grant that was lost before that attempt, announced late, is not).
-    let mut counter_seen: Option<u64> = None;
+    let mut place = Place::default();
     // A replica-acknowledged waiter confirms a handed-off grant with an attempt of its own (its
     // WAIT then covers the grant); others take it as it comes.
     let confirm_handoffs = settings.replica_acknowledgement && client.deployment.is_replicated();
@@ -247,12 +217,9 @@ async fn acquire_loop(
         return Err(Stop::TimedOut(TimeoutReason::Busy));
     }
     loop {
-        if let (Some(watch), Some(queued_at), Some(counter_seen)) =
-            (watches.first(), queued_at, counter_seen)
-            && let Some(grant) = watch.take_grant()
-            && grant.fence > counter_seen
-            && !confirm_handoffs
-            && let Some(lease) = handed_off(grant, queued_at, settings, keys)
+        if let Some(lease) = place
+            .handed_off(settings, keys)
+            .filter(|_| !confirm_handoffs)
         {
             if waiter.resign() {
                 let_follower_queue().await;
@@ -309,9 +276,7 @@ async fn acquire_loop(
                         .stats
                         .record(&settings.metrics, Event::TransientRetry);
                     tracing::debug!("grant arrived after its lease was spent; retrying");
-                    last_transient = Some("a grant arrived after its lease was spent".into());
-                    busy = false;
-                    short = None;
+                    found.transient("a grant arrived after its lease was spent".into());
                     tokio::time::sleep(backoff.next_delay(remaining(deadline))).await;
                     continue;
                 }
@@ -349,10 +314,7 @@ async fn acquire_loop(
                 client
                     .stats
                     .record(&settings.metrics, Event::TransientRetry);
-                short = Some((acknowledged, required));
-                last_transient = None;
-                holder_pttl = None;
-                busy = false;
+                found.short(acknowledged, required);
             }
             Ok((AcquireReply::Granted { .. }, Ack::NotPrimary(role), _)) => {
                 return Err(Stop::Lost(LossReason::RoleChanged(role)));
@@ -367,19 +329,10 @@ async fn acquire_loop(
                 // A queued waiter owes the queue its leaving.
                 held.armed = queued;
                 if queued {
-                    queued_at = Some(sent);
-                    counter_seen = fence;
+                    place.queued(sent, fence);
                 }
                 client.stats.record(&settings.metrics, Event::BusyRetry);
-                busy = true;
-                short = None;
-                // A holder key without TTL (PTTL -1) or one that just expired (-2) tells nothing
-                // about when it ends: the normal capped backoff applies, not a 1 ms poll.
-                holder_pttl = u64::try_from(pttl_ms)
-                    .ok()
-                    .filter(|ms| *ms > 0)
-                    .map(Duration::from_millis);
-                last_transient = None;
+                found.busy(pttl_ms);
                 if !waiter.try_lead() {
                     // Another local task asks the server for this key: leave the server's queue
                     // to it and wait for it to hand over.
@@ -391,31 +344,12 @@ async fn acquire_loop(
                     }
                     continue;
                 }
-                if watches.is_empty() {
-                    // Watch the channel a release names the next waiter on, or else the one the
-                    // primitive announces its releases on (if it does).
-                    watches = rules
-                        .watched_keys(keys)
-                        .iter()
-                        .map(|key| engine.notifier.watch(key, held.token.clone()))
-                        .collect();
-                }
-                if !watches.is_empty() && !subscribed {
-                    let limit = deadline.min(Instant::now() + Duration::from_secs(1));
-                    let mut fresh = false;
-                    let mut unavailable = false;
-                    for watch in &watches {
-                        match Box::pin(watch.subscribe(limit)).await {
-                            Subscribed::Already => {}
-                            Subscribed::New => fresh = true,
-                            Subscribed::Unavailable => unavailable = true,
-                        }
-                    }
-                    subscribed = !unavailable;
-                    // A release may have slipped past before the subscription: try again.
-                    if fresh {
-                        continue;
-                    }
+                // A release may have slipped past before the subscription: try again.
+                if place
+                    .watch(engine, rules, keys, &held.token, deadline)
+                    .await
+                {
+                    continue;
                 }
             }
             Err(OpError::Failed(error)) => {
@@ -424,16 +358,13 @@ async fn acquire_loop(
                 }
                 if error.details() == DEADLINE_REACHED && remaining(deadline).is_zero() {
                     // Cut short by our own deadline: keep what the previous attempts found.
-                    return Err(Stop::TimedOut(timeout_reason(last_transient, busy, short)));
+                    return Err(Stop::TimedOut(found.timeout_reason()));
                 }
                 client
                     .stats
                     .record(&settings.metrics, Event::TransientRetry);
                 tracing::debug!(%error, "transient failure while acquiring; retrying");
-                last_transient = Some(error.to_string());
-                holder_pttl = None;
-                busy = false;
-                short = None;
+                found.transient(error.to_string());
             }
             Err(OpError::PoolExhausted) => {
                 return Err(Stop::TimedOut(TimeoutReason::PoolExhausted {
@@ -443,11 +374,14 @@ async fn acquire_loop(
         }
         let left = remaining(deadline);
         if left.is_zero() {
-            return Err(Stop::TimedOut(timeout_reason(last_transient, busy, short)));
+            return Err(Stop::TimedOut(found.timeout_reason()));
         }
+        let busy = found.busy;
         // Never sleep past the deadline, nor (much) past the moment the holder's lease ends.
-        let limit = holder_pttl.map_or(left, |pttl| left.min(pttl.max(Duration::from_millis(1))));
-        let delay = if busy && subscribed && queued {
+        let limit = found
+            .holder_pttl
+            .map_or(left, |pttl| left.min(pttl.max(Duration::from_millis(1))));
+        let delay = if busy && place.subscribed && queued {
             // The release names the next owner; poll only to refresh the queue place and in
             // case a notification is lost.
             limit.min(QUEUED_POLL)
@@ -460,8 +394,8 @@ async fn acquire_loop(
         // Woken early by a release that names this waiter (its watch) or by a release of this
         // process that named nobody (the local waiters).
         let named = async {
-            if busy && !watches.is_empty() {
-                any_notified(&watches).await;
+            if busy {
+                place.named().await;
             } else {
                 std::future::pending::<()>().await;
             }
@@ -477,60 +411,5 @@ async fn acquire_loop(
             () = named => {}
             () = local => {}
         }
-    }
-}
-
-/// Resolves when a release names this waiter on any of the watched channels.
-async fn any_notified(watches: &[Watch<'_>]) {
-    let mut notified: Vec<_> = watches.iter().map(|w| Box::pin(w.notified())).collect();
-    std::future::poll_fn(|cx| {
-        if notified.iter_mut().any(|n| n.as_mut().poll(cx).is_ready()) {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-}
-
-/// How long a queued waiter's place lasts after an attempt sent now: [`WAITER_TTL`], or less
-/// when the wait ends sooner (a waiter never needs its place past its own deadline, so one that
-/// dies holds up the queue no longer than it would have waited). At least 1 ms: 0 would mean a
-/// try, which does not queue.
-fn place_ttl(deadline: Instant) -> Duration {
-    remaining(deadline).clamp(Duration::from_millis(1), WAITER_TTL)
-}
-
-/// Takes `token` out of the lock's server-side queue (the release call does that too).
-async fn leave_queue(
-    engine: &Engine,
-    rules: &Arc<dyn Rules>,
-    keys: &LockKeys,
-    held: &Held,
-    deadline: Instant,
-) {
-    let call = rules.release_call(keys, &held.token, held.handoff_lease);
-    let limit = deadline.min(Instant::now() + super::RELEASE_TIMEOUT);
-    if let Err(error) = engine.conn.run_plain(&call, limit).await {
-        tracing::debug!(?error, "leaving the waiter queue failed; the place expires");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use tokio::time::Instant;
-
-    use super::{WAITER_TTL, place_ttl};
-
-    #[test]
-    fn a_place_lasts_until_the_wait_ends_at_most() {
-        let now = Instant::now();
-        assert_eq!(place_ttl(now + Duration::from_secs(60)), WAITER_TTL);
-        let short = place_ttl(now + Duration::from_millis(300));
-        assert!(short <= Duration::from_millis(300) && short > Duration::from_millis(250));
-        // A wait that is over still queues (0 would make the attempt a try).
-        assert_eq!(place_ttl(now), Duration::from_millis(1));
     }
 }

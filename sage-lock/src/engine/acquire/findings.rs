@@ -1,0 +1,102 @@
+//! What an acquisition's attempts found so far: the reason it gives if its wait runs out, and
+//! what bounds the delay before its next attempt.
+
+use std::time::Duration;
+
+use crate::error::TimeoutReason;
+
+/// The last answer (or failure) an acquisition's attempts got.
+#[derive(Debug, Default)]
+pub(super) struct Findings {
+    /// The last transient failure, if the last attempt failed.
+    last_transient: Option<String>,
+    /// The holder's remaining lease, when the last answer was "busy" and said it.
+    pub(super) holder_pttl: Option<Duration>,
+    /// Whether the last answer was "busy" (a holder exists, whatever its TTL).
+    pub(super) busy: bool,
+    /// The last grant was not acknowledged by enough replicas: (acknowledged, required).
+    short: Option<(i64, i64)>,
+}
+
+impl Findings {
+    /// The last attempt failed (or its grant came too late to use), transiently.
+    pub(super) fn transient(&mut self, what: String) {
+        *self = Findings {
+            last_transient: Some(what),
+            ..Findings::default()
+        };
+    }
+
+    /// The last grant was acknowledged by too few replicas.
+    pub(super) fn short(&mut self, acknowledged: i64, required: i64) {
+        *self = Findings {
+            short: Some((acknowledged, required)),
+            ..Findings::default()
+        };
+    }
+
+    /// The lock is held by another, whose lease has `pttl_ms` left (the server's `PTTL`).
+    pub(super) fn busy(&mut self, pttl_ms: i64) {
+        *self = Findings {
+            busy: true,
+            // A holder key without TTL (PTTL -1) or one that just expired (-2) tells nothing
+            // about when it ends: the normal capped backoff applies, not a 1 ms poll.
+            holder_pttl: u64::try_from(pttl_ms)
+                .ok()
+                .filter(|ms| *ms > 0)
+                .map(Duration::from_millis),
+            ..Findings::default()
+        };
+    }
+
+    /// Why the wait ran out, from what the attempts found.
+    pub(super) fn timeout_reason(&self) -> TimeoutReason {
+        if let Some((acknowledged, required)) = self.short {
+            return TimeoutReason::NotAcknowledged {
+                acknowledged,
+                required,
+            };
+        }
+        match (&self.last_transient, self.busy) {
+            (_, true) => TimeoutReason::Busy,
+            (Some(error), false) => TimeoutReason::Unavailable(error.clone()),
+            (None, false) => {
+                TimeoutReason::Unavailable("no reply from the server within the wait".into())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_answer_names_the_reason() {
+        let mut findings = Findings::default();
+        assert!(matches!(
+            findings.timeout_reason(),
+            TimeoutReason::Unavailable(_)
+        ));
+        findings.transient("connection reset".into());
+        assert!(
+            matches!(findings.timeout_reason(), TimeoutReason::Unavailable(e) if e == "connection reset")
+        );
+        findings.busy(1_500);
+        assert!(matches!(findings.timeout_reason(), TimeoutReason::Busy));
+        assert_eq!(findings.holder_pttl, Some(Duration::from_millis(1_500)));
+        findings.short(0, 1);
+        assert!(matches!(
+            findings.timeout_reason(),
+            TimeoutReason::NotAcknowledged {
+                acknowledged: 0,
+                required: 1
+            }
+        ));
+        assert_eq!(findings.holder_pttl, None);
+        // A holder without a TTL says nothing about when it ends.
+        findings.busy(-1);
+        assert_eq!(findings.holder_pttl, None);
+        assert!(findings.busy);
+    }
+}

@@ -1,0 +1,83 @@
+//! The channels a process watches and the waiters on each: who a release message wakes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fred::bytes::Bytes;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::message::Grant;
+
+/// How long a channel stays subscribed after its last local waiter left.
+pub(super) const LINGER: Duration = Duration::from_secs(2);
+
+/// Every channel this process watches, by name.
+#[derive(Debug, Default)]
+pub(super) struct Shared {
+    pub(super) channels: Mutex<HashMap<Bytes, Channel>>,
+}
+
+/// One watched channel.
+#[derive(Debug)]
+pub(super) struct Channel {
+    /// The local tasks that wait on the server for this key (usually one: a process leaves the
+    /// server to one task per key; a caller of several keys watches each of its keys).
+    pub(super) watchers: Vec<Watcher>,
+    /// The head the last message named, with its grant: a waiter that registers just after its
+    /// message came (between its attempt's reply and its
+    /// [`Notifier::watch`](super::Notifier::watch)) still finds it.
+    pub(super) last: Option<(Bytes, Option<Grant>)>,
+    /// Confirmed by the server (and not lost to a reconnect since).
+    pub(super) subscribed: bool,
+    /// When the last watch left.
+    pub(super) idle_since: Instant,
+}
+
+/// One live [`Watch`](super::Watch): its waiter's token, how to wake it, and the grant a release handed it.
+#[derive(Debug)]
+pub(super) struct Watcher {
+    pub(super) token: Bytes,
+    pub(super) wake: Arc<Notify>,
+    /// The grant a release handed to `token`, until the waiter takes it.
+    pub(super) grant: Option<Grant>,
+}
+
+/// Whether `channel` is confirmed subscribed.
+pub(super) fn is_subscribed(shared: &Shared, channel: &[u8]) -> bool {
+    shared
+        .channels
+        .lock()
+        .is_ok_and(|c| c.get(channel).is_some_and(|e| e.subscribed))
+}
+
+/// Wakes the local waiter named `head` (storing its grant), once per head (a release's reply
+/// and its message both name it). An empty `head` (a release of a primitive without a queue,
+/// see `Rules::release_announcement`) wakes the channel's waiters, whoever they are, to retry.
+pub(super) fn deliver(shared: &Shared, channel: &[u8], head: &[u8], grant: Option<Grant>) {
+    if let Ok(mut channels) = shared.channels.lock()
+        && let Some(entry) = channels.get_mut(channel)
+    {
+        if head.is_empty() {
+            entry.watchers.iter().for_each(|w| w.wake.notify_one());
+            return;
+        }
+        if entry.last.as_ref().is_some_and(|(last, _)| last == head) {
+            return;
+        }
+        for watcher in entry.watchers.iter_mut().filter(|w| w.token == head) {
+            watcher.grant = grant;
+            watcher.wake.notify_one();
+        }
+        entry.last = Some((Bytes::copy_from_slice(head), grant));
+    }
+}
+
+pub(super) fn wake_all(shared: &Shared) {
+    if let Ok(channels) = shared.channels.lock() {
+        for watcher in channels.values().flat_map(|e| &e.watchers) {
+            watcher.wake.notify_one();
+        }
+    }
+}

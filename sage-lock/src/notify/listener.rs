@@ -1,0 +1,102 @@
+//! The subscriber connection's task: it reads release messages and wakes the waiters they name,
+//! subscribes again after a reconnect, and drops channels that lingered idle.
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use fred::bytes::Bytes;
+use fred::clients::Client;
+use fred::interfaces::{EventInterface, PubsubInterface};
+
+use super::channels::{LINGER, Shared, deliver, wake_all};
+use super::message::parse_message;
+
+/// Reads messages and reconnects of `client` until it closes or the notifier is gone; drops
+/// channels that lingered idle.
+pub(super) fn spawn_listener(client: &Client, shared: Weak<Shared>) {
+    let mut messages = client.message_rx();
+    let mut reconnects = client.reconnect_rx();
+    let client = client.clone();
+    tokio::spawn(async move {
+        let mut sweep = tokio::time::interval(LINGER / 2);
+        loop {
+            tokio::select! {
+                message = messages.recv() => match message {
+                    Ok(message) => {
+                        let Some(shared) = shared.upgrade() else { return };
+                        deliver_message(&shared, message.channel.as_bytes(), &message.value);
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        let Some(shared) = shared.upgrade() else { return };
+                        wake_all(&shared);
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                },
+                reconnect = reconnects.recv() => {
+                    if matches!(reconnect, Err(tokio::sync::broadcast::error::RecvError::Closed)) {
+                        return;
+                    }
+                    let Some(shared) = shared.upgrade() else { return };
+                    resubscribe(&client, &shared).await;
+                }
+                _ = sweep.tick() => {
+                    let Some(shared) = shared.upgrade() else { return };
+                    unsubscribe_idle(&client, &shared).await;
+                }
+            }
+        }
+    });
+}
+
+pub(super) fn deliver_message(shared: &Shared, channel: &[u8], payload: &fred::types::Value) {
+    if let Some(payload) = payload.as_bytes() {
+        let (head, grant) = parse_message(payload);
+        deliver(shared, channel, head, grant);
+    }
+}
+
+/// After a reconnect the server has forgotten the subscriptions: subscribe again (one command
+/// per channel, which stays valid if slots moved) and wake every waiter once.
+async fn resubscribe(client: &Client, shared: &Shared) {
+    let channels: Vec<Bytes> = match shared.channels.lock() {
+        Ok(mut channels) => {
+            channels.retain(|_, e| !e.watchers.is_empty());
+            channels.values_mut().for_each(|e| e.subscribed = false);
+            channels.keys().cloned().collect()
+        }
+        Err(_) => return,
+    };
+    for channel in channels {
+        let ok = matches!(
+            tokio::time::timeout(Duration::from_secs(1), client.ssubscribe(channel.clone())).await,
+            Ok(Ok(()))
+        );
+        if ok
+            && let Ok(mut channels) = shared.channels.lock()
+            && let Some(entry) = channels.get_mut(&channel)
+        {
+            entry.subscribed = true;
+        }
+    }
+    wake_all(shared);
+}
+
+async fn unsubscribe_idle(client: &Client, shared: &Shared) {
+    let idle: Vec<Bytes> = match shared.channels.lock() {
+        Ok(mut channels) => {
+            let idle: Vec<Bytes> = channels
+                .iter()
+                .filter(|(_, e)| e.watchers.is_empty() && e.idle_since.elapsed() >= LINGER)
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in &idle {
+                channels.remove(name);
+            }
+            idle
+        }
+        Err(_) => return,
+    };
+    for channel in idle {
+        let _ = tokio::time::timeout(Duration::from_secs(1), client.sunsubscribe(channel)).await;
+    }
+}
