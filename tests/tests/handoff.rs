@@ -148,6 +148,77 @@ async fn a_release_hands_the_lock_over_without_an_acquire_round_trip() {
     }
 }
 
+/// A `with_locks` caller whose keys come to one key is handed it by the release, as a
+/// `with_lock` waiter is: the next fencing token, reported for that key too, and renewed past
+/// the hand-off lease. Before, a release left the key free for it and it took it with an
+/// attempt of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_with_locks_caller_of_one_key_is_handed_it() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let ns = ns("handoff-one-of-several", kind);
+        let (a, b) = two_clients(&server.url()).await;
+        let lease = Duration::from_secs(30);
+        let holder = take(&locks(&a, &ns, lease), "k", Duration::ZERO);
+        let (first_fence, _) = holder.fence.await.expect("holder runs");
+        let waiting = locks(&b, &ns, lease);
+        let waiter = tokio::spawn(async move {
+            waiting
+                .with_locks(&["k", "k"], Duration::from_secs(10), async {
+                    let lease = current_lease().expect("inside the body");
+                    // Past the 2 s hand-off lease: renewed to its own.
+                    tokio::time::sleep(Duration::from_millis(2_500)).await;
+                    (
+                        lease.fencing_token(),
+                        lease.fencing_token_of("k"),
+                        lease.is_valid(),
+                    )
+                })
+                .await
+                .expect("waiter")
+        });
+        until_queued(server.port(), &ns, "k").await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        holder.release.send(()).expect("release");
+        holder.done.await.expect("holder task");
+        let (fence, of_k, valid) = waiter.await.expect("waiter task");
+        let stats = b.stats();
+        println!(
+            "{}: fence {first_fence} -> {fence}, {} hand-off(s), {} loss(es)",
+            kind.name(),
+            stats.handoffs,
+            stats.losses
+        );
+        assert_eq!(
+            fence,
+            first_fence + 1,
+            "{}: the next fencing token",
+            kind.name()
+        );
+        assert_eq!(
+            of_k,
+            Some(fence),
+            "{}: the key's own fencing token",
+            kind.name()
+        );
+        assert_eq!(
+            stats.handoffs,
+            1,
+            "{}: handed over by the release",
+            kind.name()
+        );
+        assert!(
+            valid,
+            "{}: lease spent past the hand-off lease",
+            kind.name()
+        );
+        assert_eq!(stats.losses, 0, "{}", kind.name());
+        for client in [a, b] {
+            client.quit().await;
+        }
+    }
+}
+
 /// A lock handed over with the short hand-off lease (2 s) is renewed to the owner's own 30 s
 /// lease: still held, on the server too, well past the hand-off lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

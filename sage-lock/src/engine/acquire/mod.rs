@@ -225,9 +225,11 @@ async fn acquire_loop(
                 let_follower_queue().await;
             }
             client.stats.record(&settings.metrics, Event::Handoff);
+            // A release hands over one key: a unit of several keys is never handed one.
+            let part_fences = vec![lease.fencing_token()];
             return Ok(Some(Granted {
                 lease,
-                part_fences: Vec::new(),
+                part_fences,
                 attempts: attempts + 1,
                 granted_by: None,
             }));

@@ -4,9 +4,10 @@
 //! `b` excludes `with_lock("a")`. A waiting multi-key caller joins the mutex's server-side
 //! waiter queue of every key of a unit, all in one script, with one deadline for its places, so
 //! single-key waiters cannot starve it; the mutex's release leaves a key free for it rather than
-//! handing it one key alone (its token starts with `m`), and its own release hands each freed
-//! key to the next single-key waiter as the mutex's does. The keys are sorted into one global
-//! order (hash slot, then server key) and deduplicated; each *unit* (the keys of one slot in a
+//! handing it one key alone (its token starts with `m`; a unit of one key is handed it as a
+//! single-key waiter is), and its own release hands each freed key to the next single-key
+//! waiter as the mutex's does. The keys are sorted into one global order (hash slot, then
+//! server key) and deduplicated; each *unit* (the keys of one slot in a
 //! cluster, all keys elsewhere) is taken atomically by one script call, units in order, the
 //! earlier held while the caller waits for the next (see the engine's `multi`).
 

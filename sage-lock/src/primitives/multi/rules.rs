@@ -16,9 +16,9 @@ use crate::retry::{millis, millis_ceil};
 use crate::scripts::{Script, ScriptCall};
 
 /// Acquire all. `KEYS`: lock, fence, waiter queue, waiter deadlines and grant time of each key
-/// (the mutex's layout), in fives; `ARGV`: token (it starts with `m`, so the mutex's release
-/// never hands one of these keys to this caller alone), lease ms, which key's fencing token to
-/// reply (1-based), waiter TTL ms (0: a try, which never queues), queue TTL ms.
+/// (the mutex's layout), in fives; `ARGV`: token (for several keys it starts with `m`, so the
+/// mutex's release never hands one of them to this caller alone), lease ms, which key's fencing
+/// token to reply (1-based), waiter TTL ms (0: a try, which never queues), queue TTL ms.
 ///
 /// Granted only when every key is free or this token's, and no free key's waiter queue has a
 /// live head other than this token (dead heads are dropped): then every key is set (or, already
@@ -26,8 +26,9 @@ use crate::scripts::{Script, ScriptCall};
 /// whether its queue still holds anybody (as the mutex's does), each counter is incremented,
 /// and the reply is `{1, fence of that key, fence of each key...}` (a key this token already
 /// held keeps its fence). Else nothing is granted and the reply is `{0, ms}`: the soonest
-/// positive PTTL of a held key or remaining place of another head. A refused try changes
-/// nothing; a refused waiting caller holds a place in the queue of every key it does not hold,
+/// positive PTTL of a held key or remaining place of another head (for a single key
+/// `{0, ms, fence counter}`, as the mutex's, so that a hand-off to this caller is told from a
+/// grant made before it queued). A refused try changes nothing; a refused waiting caller holds a place in the queue of every key it does not hold,
 /// refreshed together, so its places have one deadline and every queue it shares with another
 /// such caller orders the two alike (a place of its that lapsed or is missing puts it at every
 /// tail again): the oldest of them heads all its queues, so they never wait on each other in a
@@ -120,6 +121,9 @@ for i = 1, #KEYS, 5 do
       redis.call('SET', KEYS[i], holder .. '+', 'KEEPTTL')
     end
   end
+end
+if #KEYS == 5 then
+  return {0, wait, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
 return {0, wait}
 "
@@ -295,7 +299,10 @@ impl Rules for UnitRules {
         self.locks.clone()
     }
 
+    /// `m` for several keys, which no release hands one of alone; a unit of one key (a slot of
+    /// its own in a cluster) is handed its key as a single-key waiter is (and, as one, confirms
+    /// the hand-off with an attempt of its own where replicas must acknowledge).
     fn token_prefix(&self) -> &'static [u8] {
-        b"m"
+        if self.locks.len() > 1 { b"m" } else { b"" }
     }
 }
