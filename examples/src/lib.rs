@@ -372,6 +372,55 @@ pub fn percentile(sorted: &[u64], q: f64) -> u64 {
     sorted[index.min(last)]
 }
 
+/// What a binary's command line may hold: `flags` (alone) and `valued` (each followed by a
+/// value), with `usage` to show.
+#[derive(Debug, Clone, Copy)]
+pub struct Usage<'a> {
+    /// Flags that stand alone, e.g. `--quick`.
+    pub flags: &'a [&'a str],
+    /// Flags followed by a value, e.g. `--seconds 8`.
+    pub valued: &'a [&'a str],
+    /// The usage line(s) printed by `--help` and after a bad argument.
+    pub text: &'a str,
+}
+
+impl Usage<'_> {
+    /// Checks `args` (the command line after the program name): `Ok(true)` to go on,
+    /// `Ok(false)` after printing the usage for `--help` / `-h`.
+    ///
+    /// # Errors
+    /// An argument this binary does not know, or a valued flag without its value: the error
+    /// names it and shows the usage.
+    pub fn check<I: IntoIterator<Item = String>>(&self, args: I) -> anyhow::Result<bool> {
+        let mut args = args.into_iter();
+        while let Some(arg) = args.next() {
+            if arg == "--help" || arg == "-h" {
+                println!("{}", self.text);
+                return Ok(false);
+            }
+            if self.flags.contains(&arg.as_str()) {
+                continue;
+            }
+            if self.valued.contains(&arg.as_str()) {
+                if args.next().is_none() {
+                    bail!("{arg} needs a value\n{}", self.text);
+                }
+                continue;
+            }
+            bail!("unknown argument `{arg}`\n{}", self.text);
+        }
+        Ok(true)
+    }
+
+    /// [`Usage::check`] on this process's command line.
+    ///
+    /// # Errors
+    /// As [`Usage::check`].
+    pub fn check_command_line(&self) -> anyhow::Result<bool> {
+        self.check(std::env::args().skip(1))
+    }
+}
+
 /// The value following `--name` on the command line, parsed.
 ///
 /// # Errors
@@ -397,4 +446,48 @@ where
 #[must_use]
 pub fn has_flag(name: &str) -> bool {
     std::env::args().any(|arg| arg == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Usage;
+
+    const USAGE: Usage<'static> = Usage {
+        flags: &["--quick"],
+        valued: &["--seconds"],
+        text: "usage: x [--quick] [--seconds S]",
+    };
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|arg| (*arg).to_owned()).collect()
+    }
+
+    #[test]
+    fn known_arguments_pass_and_help_stops() {
+        assert!(USAGE.check(args(&[])).expect("empty"));
+        assert!(
+            USAGE
+                .check(args(&["--seconds", "3", "--quick"]))
+                .expect("known")
+        );
+        assert!(!USAGE.check(args(&["--quick", "--help"])).expect("help"));
+        assert!(!USAGE.check(args(&["-h"])).expect("help"));
+    }
+
+    #[test]
+    fn a_bad_argument_is_named_with_the_usage() {
+        let unknown = USAGE
+            .check(args(&["--quik"]))
+            .expect_err("unknown")
+            .to_string();
+        assert!(
+            unknown.contains("`--quik`") && unknown.contains("usage: x"),
+            "{unknown}"
+        );
+        let missing = USAGE
+            .check(args(&["--seconds"]))
+            .expect_err("missing value")
+            .to_string();
+        assert!(missing.contains("--seconds needs a value"), "{missing}");
+    }
 }

@@ -17,10 +17,20 @@ use fred::clients::Client;
 use fred::interfaces::LuaInterface as _;
 use sage_lock::{LockClient, LockOptions};
 use sage_lock_examples::floor::Floor;
-use sage_lock_examples::{ThrowawayServer, flag_value};
+use sage_lock_examples::{ThrowawayServer, Usage, flag_value};
+
+/// What this binary's command line may hold.
+const USAGE: Usage<'static> = Usage {
+    flags: &["--valkey"],
+    valued: &["--seconds", "--tasks", "--subject"],
+    text: "usage: cargo run -p sage-lock-examples --release --bin cycle -- [--valkey] [--seconds N] [--tasks N] [--subject sage|floor|fred|fred5|rslock]",
+};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    if !USAGE.check_command_line()? {
+        return Ok(());
+    }
     let seconds: u64 = flag_value("--seconds")?.unwrap_or(5);
     let tasks: usize = flag_value("--tasks")?.unwrap_or(64);
     let subject: Option<String> = flag_value("--subject")?;

@@ -13,13 +13,23 @@ use std::time::{Duration, Instant};
 
 use fred::interfaces::ClientLike as _;
 use sage_lock::{LockClient, LockOptions};
-use sage_lock_examples::{ThrowawayServer, flag_value, percentile};
+use sage_lock_examples::{ThrowawayServer, Usage, flag_value, percentile};
 
 /// One critical section: when it started and ended, and which task ran it.
 type Section = (Instant, Instant, usize);
 
+/// What this binary's command line may hold.
+const USAGE: Usage<'static> = Usage {
+    flags: &["--valkey"],
+    valued: &["--tasks", "--seconds", "--body"],
+    text: "usage: cargo run -p sage-lock-examples --release --bin handoff -- [--valkey] [--tasks N] [--seconds N] [--body spin|sleep]",
+};
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    if !USAGE.check_command_line()? {
+        return Ok(());
+    }
     let tasks: usize = flag_value("--tasks")?.unwrap_or(8);
     let seconds: u64 = flag_value("--seconds")?.unwrap_or(3);
     let sleep = match flag_value::<String>("--body")?.as_deref() {

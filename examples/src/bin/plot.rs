@@ -18,7 +18,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use sage_lock_examples::{flag_value, workspace_root};
+use sage_lock_examples::{Usage, flag_value, workspace_root};
 use serde_json::Value;
 
 /// The figures of one server's run that the chart shows.
@@ -58,7 +58,17 @@ const SUBJECTS: [(&str, &str, &str); 4] = [
     ("sage-lock", "sage_lock", SAGE),
 ];
 
+/// What this binary's command line may hold.
+const USAGE: Usage<'static> = Usage {
+    flags: &[],
+    valued: &["--json-dir", "--out", "--uncontended-out"],
+    text: "usage: cargo run -p sage-lock-examples --bin plot -- [--json-dir DIR] [--out FILE] [--uncontended-out FILE]",
+};
+
 fn main() -> anyhow::Result<()> {
+    if !USAGE.check_command_line()? {
+        return Ok(());
+    }
     let dir =
         flag_value::<PathBuf>("--json-dir")?.unwrap_or_else(|| workspace_root().join("target"));
     let out = flag_value::<PathBuf>("--out")?

@@ -6,10 +6,20 @@
 use std::time::Duration;
 
 use sage_lock::{LockClient, LockOptions, Locks, current_lease};
-use sage_lock_examples::ThrowawayServer;
+use sage_lock_examples::{ThrowawayServer, Usage};
+
+/// What this binary's command line may hold.
+const USAGE: Usage<'static> = Usage {
+    flags: &["--valkey"],
+    valued: &[],
+    text: "usage: cargo run -p sage-lock-examples --release --bin quickstart [-- --valkey]",
+};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    if !USAGE.check_command_line()? {
+        return Ok(());
+    }
     let server = ThrowawayServer::start()?;
     println!("server: {}", server.description());
 

@@ -32,7 +32,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context as _, bail};
 use rand::Rng as _;
 use sage_lock::{LockClient, LockOptions, current_lease};
-use sage_lock_examples::{ThrowawayServer, flag_value};
+use sage_lock_examples::{ThrowawayServer, Usage, flag_value};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 /// The schedule every instance follows.
@@ -82,8 +82,27 @@ fn now_ms() -> u64 {
         })
 }
 
+/// What this binary's command line may hold.
+const USAGE: Usage<'static> = Usage {
+    flags: &["--valkey"],
+    valued: &[
+        "--interval-ms",
+        "--hold-ms",
+        "--start-ms",
+        "--ticks",
+        "--instance",
+        "--url",
+        "--namespace",
+        "--instances",
+    ],
+    text: "usage: cargo run -p sage-lock-examples --bin scheduled -- [--instances N] [--ticks N] [--interval-ms MS] [--hold-ms MS] [--valkey]",
+};
+
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {
+    if !USAGE.check_command_line()? {
+        return Ok(ExitCode::SUCCESS);
+    }
     match flag_value::<usize>("--instance")? {
         Some(instance) => instance_main(instance).await.map(|()| ExitCode::SUCCESS),
         None => parent_main().await,

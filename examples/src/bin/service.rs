@@ -40,7 +40,7 @@ use fred::interfaces::{KeysInterface as _, ListInterface as _};
 use rand::Rng as _;
 use sage_lock::global;
 use sage_lock::{LockClient, LockError, LockStats, Profiles, current_lease, locked};
-use sage_lock_examples::{ThrowawayServer, flag_value};
+use sage_lock_examples::{ThrowawayServer, Usage, flag_value};
 
 /// The profiles file used without `--profiles`.
 const PROFILES_FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/service-profiles.toml");
@@ -393,8 +393,18 @@ fn stats_line(stats: &LockStats) -> String {
     )
 }
 
+/// What this binary's command line may hold.
+const USAGE: Usage<'static> = Usage {
+    flags: &["--valkey"],
+    valued: &["--tasks", "--accounts", "--seconds", "--profiles"],
+    text: "usage: cargo run -p sage-lock-examples --release --bin service -- [--tasks N] [--accounts N] [--seconds S] [--valkey] [--profiles PATH]",
+};
+
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {
+    if !USAGE.check_command_line()? {
+        return Ok(ExitCode::SUCCESS);
+    }
     tracing_subscriber::fmt()
         .with_ansi(std::io::stdout().is_terminal())
         .with_env_filter(

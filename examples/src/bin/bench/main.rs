@@ -47,7 +47,7 @@ use fred::interfaces::ClientLike as _;
 use fred::types::InfoKind;
 use rslock::LockManager;
 use sage_lock::{LockClient, LockOptions};
-use sage_lock_examples::{ThrowawayServer, flag_value, has_flag, workspace_root};
+use sage_lock_examples::{ThrowawayServer, Usage, flag_value, has_flag, workspace_root};
 use serde_json::json;
 
 use crate::contention::{contention_suite, multi_process_suite};
@@ -137,9 +137,32 @@ impl Plan {
     }
 }
 
+/// The suites `--only` may name (the latency suites always run: the others' ratios use them).
+const SUITES: [&str; 6] = [
+    "latency",
+    "throughput",
+    "primitives",
+    "contention",
+    "multi-process",
+    "renewal",
+];
+
+/// What this benchmark's command line may hold.
+const USAGE: Usage<'static> = Usage {
+    flags: &["--quick", "--valkey", "--both", "--keep-awake"],
+    valued: &["--json", "--only"],
+    text: "usage: cargo run -p sage-lock-examples --release --bin bench -- [--quick] \
+           [--json PATH] [--valkey | --both] [--keep-awake] [--only SUITES]\n  SUITES: a \
+           comma-separated list of latency, throughput, primitives, contention, multi-process, \
+           renewal (the latency suites always run)",
+};
+
 fn main() -> anyhow::Result<()> {
     if let Some(worker) = sage_lock_examples::multiprocess::worker_main() {
         return worker;
+    }
+    if !USAGE.check_command_line()? {
+        return Ok(());
     }
     if has_flag("--both") {
         return both_servers();
@@ -190,6 +213,12 @@ async fn run() -> anyhow::Result<()> {
     // `--only a,b`: run only these suites (latency, throughput, primitives, contention,
     // multi-process, renewal), e.g. to profile one of them.
     let only: Option<String> = flag_value::<String>("--only")?;
+    if let Some(unknown) = only
+        .as_deref()
+        .and_then(|only| only.split(',').find(|suite| !SUITES.contains(suite)))
+    {
+        anyhow::bail!("--only: unknown suite `{unknown}`\n{}", USAGE.text);
+    }
     let wants = |suite: &str| {
         only.as_deref()
             .is_none_or(|only| only.split(',').any(|s| s == suite))

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use sage_lock_examples::{ThrowawayServer, flag_value, has_flag};
+use sage_lock_examples::{ThrowawayServer, Usage, flag_value, has_flag};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 use crate::check::Check;
@@ -71,6 +71,14 @@ impl Settings {
     }
 }
 
+/// What the demo's command line may hold.
+const USAGE: Usage<'static> = Usage {
+    flags: &["--valkey", "--break-exclusivity"],
+    valued: &["--workers", "--keys", "--seconds"],
+    text: "usage: cargo run -p sage-lock-examples --release --bin demo -- [--workers N] \
+           [--keys N] [--seconds S] [--valkey] [--break-exclusivity]",
+};
+
 fn main() -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -86,7 +94,11 @@ fn main() -> ExitCode {
     let result = if is_worker {
         runtime.block_on(worker::run()).map(|()| ExitCode::SUCCESS)
     } else {
-        runtime.block_on(parent())
+        match USAGE.check_command_line() {
+            Ok(true) => runtime.block_on(parent()),
+            Ok(false) => Ok(ExitCode::SUCCESS),
+            Err(error) => Err(error),
+        }
     };
     result.unwrap_or_else(|error| {
         eprintln!("error: {error:#}");
