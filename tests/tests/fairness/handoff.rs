@@ -206,6 +206,31 @@ async fn a_free_lock_stays_free_for_the_live_head() {
     }
 }
 
+/// Deletes the lock key `k` of `ns` (its holder's lease ran out) while a live waiter is queued:
+/// a try from `client` is refused and leaves the key free for `head`, the waiter first in line.
+async fn a_try_on_the_freed_key_is_refused(
+    server: &Server,
+    client: &LockClient,
+    ns: &str,
+    kind: ServerKind,
+    head: &str,
+) {
+    let lock = format!("{{{ns}:k}}");
+    server.cmd_ok(&["DEL", &lock]);
+    let tried = locks(client, ns)
+        .try_with_lock("k", async {})
+        .await
+        .expect("try");
+    assert!(tried.is_none(), "{}: a try overtook {head}", kind.name());
+    let exists = server.cmd_ok(&["EXISTS", &lock]).as_int();
+    assert_eq!(
+        exists,
+        Some(0),
+        "{}: the refused try left the key set",
+        kind.name()
+    );
+}
+
 /// The same state as above reached for real: a waiter in another process queues behind a
 /// holder, is paused (SIGSTOP, so it cannot poll), and the holder's key goes away as if its
 /// lease ran out (no release, so no hand-off). The free lock stays free for the paused head:
@@ -233,24 +258,8 @@ async fn a_paused_waiter_keeps_its_place_after_the_holder_dies() {
             .expect("kill -STOP");
         assert!(stopped.success(), "SIGSTOP the queued waiter");
         // The holder's lease runs out: the key goes, the queue stays.
-        server.cmd_ok(&["DEL", &lock]);
         let client = connect(&server.url()).await;
-        let tried = locks(&client, &ns)
-            .try_with_lock("k", async {})
-            .await
-            .expect("try");
-        assert!(
-            tried.is_none(),
-            "{}: a try overtook the paused head",
-            kind.name()
-        );
-        let exists = server.cmd_ok(&["EXISTS", &lock]).as_int();
-        assert_eq!(
-            exists,
-            Some(0),
-            "{}: the refused try left the key set",
-            kind.name()
-        );
+        a_try_on_the_freed_key_is_refused(server, &client, &ns, kind, "the paused head").await;
         let resumed = std::process::Command::new("kill")
             .args(["-CONT", &pid])
             .status()
@@ -285,7 +294,6 @@ async fn a_hand_off_keeps_the_remaining_queue_marked() {
     for kind in ServerKind::ALL {
         let server = harness::shared(kind);
         let ns = ns("handoff-mark", kind);
-        let lock = format!("{{{ns}:k}}");
         let client = connect(&server.url()).await;
         let (release, held) = hold(&locks(&client, &ns), "k").await;
         let mut children = Vec::new();
@@ -316,23 +324,7 @@ async fn a_hand_off_keeps_the_remaining_queue_marked() {
             kind.name()
         );
         // The first waiter's lease runs out while it is paused.
-        server.cmd_ok(&["DEL", &lock]);
-        let tried = locks(&client, &ns)
-            .try_with_lock("k", async {})
-            .await
-            .expect("try");
-        assert!(
-            tried.is_none(),
-            "{}: a try overtook the second waiter",
-            kind.name()
-        );
-        let exists = server.cmd_ok(&["EXISTS", &lock]).as_int();
-        assert_eq!(
-            exists,
-            Some(0),
-            "{}: the refused try left the key set",
-            kind.name()
-        );
+        a_try_on_the_freed_key_is_refused(server, &client, &ns, kind, "the second waiter").await;
         for mut child in children {
             let _ = child.start_kill();
             let _ = child.wait().await;
