@@ -61,9 +61,15 @@ pub(crate) async fn renewal_at_scale(
     }
     let acquire_s = start.elapsed().as_secs_f64();
 
+    // The window opens and closes between two renewal rounds, so that the server's count of
+    // calls and the client's count of renewals cover the same rounds (a round whose reply is
+    // still being read when the window closes would count as a call but not as renewals).
+    let tick = plan.renew_lease / 3;
+    between_rounds(client, tick).await;
     let stats_before = client.stats();
     let probe = Probe::start(&fred).await?;
     tokio::time::sleep(plan.renew_hold).await;
+    between_rounds(client, tick).await;
     let usage = probe.stop(&fred).await?;
     let stats_after = client.stats();
 
@@ -86,6 +92,25 @@ pub(crate) async fn renewal_at_scale(
         losses: client.stats().losses - stats_before.losses,
         errors,
     })
+}
+
+/// Returns once no renewal has completed for a quarter of `tick` (the renewal rounds come a
+/// tick apart and each takes far less, so none is in flight then), or after two ticks if the
+/// renewals never pause.
+async fn between_rounds(client: &LockClient, tick: Duration) {
+    let quiet = tick / 4;
+    let give_up = Instant::now() + tick * 2;
+    let mut last = client.stats().renewals;
+    let mut since = Instant::now();
+    while Instant::now() < give_up {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let renewals = client.stats().renewals;
+        if renewals != last {
+            (last, since) = (renewals, Instant::now());
+        } else if since.elapsed() >= quiet {
+            return;
+        }
+    }
 }
 
 /// Reports one renewal run; `batch_limit` is the client's `renewal_batch_limit` when not the
@@ -133,7 +158,7 @@ pub(crate) fn report_renewal(
         .unwrap_or((0, 0));
     let usec_per_call = to_f64(usec) / to_f64(calls.max(1));
     // Each renewal round renews every lock once: calls per round is calls per node and tick
-    // (one server here), whatever the window's edges cut off.
+    // (one server here); the window's edges fall between rounds.
     let rounds = renewals / locks;
     let per_round = to_f64(calls) / rounds.max(1.0);
     report.ratio(
