@@ -406,17 +406,20 @@ impl LockClientBuilder {
         let connected = tokio::time::timeout(self.connect_timeout, fred.init()).await;
         let (failure, task) = match connected {
             Ok(Ok(task)) => (None, Some(task)),
+            // fred's connection task has ended: nothing is left to close (a `quit` now would
+            // only log a warning in the service's logs).
             Ok(Err(error)) => (Some(error), None),
-            Err(_) => (
-                Some(Error::new(
+            Err(_) => {
+                // Still trying in the background: stop it.
+                let _ = tokio::time::timeout(Duration::from_secs(1), fred.quit()).await;
+                let error = Error::new(
                     fred::error::ErrorKind::Timeout,
                     format!("no connection within {:?}", self.connect_timeout),
-                )),
-                None,
-            ),
+                );
+                (Some(error), None)
+            }
         };
         if let Some(error) = failure {
-            let _ = tokio::time::timeout(Duration::from_secs(1), fred.quit()).await;
             let hint = crate::acl::denial_hint(&error, None)
                 .unwrap_or_else(|| tls::connect_hint(&error, uses_tls).to_owned());
             return Err(LockError::backend(

@@ -144,11 +144,18 @@ impl DedicatedPool {
             generation,
         };
         let connect_time = remaining(deadline).max(Duration::from_millis(1));
-        match tokio::time::timeout(connect_time, loan.conn.wait_for_connect()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => return Err(PoolError::Connect(error)),
+        let failure = match tokio::time::timeout(connect_time, loan.conn.wait_for_connect()).await {
+            Ok(Ok(())) => None,
+            Ok(Err(error)) => Some(error),
             // The pool had room: the server did not answer in time (a transient failure).
-            Err(_) => return Err(PoolError::Connect(connect_timeout(connect_time))),
+            Err(_) => Some(connect_timeout(connect_time)),
+        };
+        if let Some(error) = failure {
+            // Never connected: stop its task now; there is nothing to `QUIT`.
+            if let Some(task) = loan.link.as_mut().and_then(|link| link.task.take()) {
+                task.abort();
+            }
+            return Err(PoolError::Connect(error));
         }
         if !loan.conn.is_clustered() {
             let id = tokio::time::timeout(
@@ -298,8 +305,12 @@ impl Drop for DedicatedConnection {
 }
 
 /// `QUIT` (waiting at most a moment: a blocked connection answers late), then abort the task.
+/// A connection whose task has ended (it never connected) has nothing to close: no `QUIT`,
+/// which fred would only answer with a warning in the service's logs.
 async fn close(conn: Client, mut link: Link) {
-    let _ = tokio::time::timeout(Duration::from_millis(250), conn.quit()).await;
+    if link.task.as_ref().is_some_and(|task| !task.is_finished()) {
+        let _ = tokio::time::timeout(Duration::from_millis(250), conn.quit()).await;
+    }
     if let Some(task) = link.task.take() {
         task.abort();
     }

@@ -1,0 +1,129 @@
+//! A connection that cannot be made is reported once, as the caller's error, and leaves no
+//! warning behind in the service's logs. A binary of its own: the test installs the global
+//! subscriber, with `log` records (fred logs through `log`) forwarded to it, as a service's
+//! `tracing_subscriber::fmt().init()` does.
+
+use std::io::Read as _;
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+use harness::{Captured, Replicated, ServerKind};
+use sage_lock::{LockClient, LockError, LockOptions, Locks};
+use tracing_subscriber::util::SubscriberInitExt as _;
+
+/// A free loopback port with nothing listening on it.
+fn closed_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// Refused, and a server that accepts but never answers (the connect timeout): each is a
+/// `Backend` error naming the target; the client given up on closes its connection within the
+/// command timeout and stops trying; and nothing is logged at `WARN` or above (a refused
+/// connection used to log fred's "Attempted to quit client that was already stopped").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_connection_is_an_error_and_no_warning() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish()
+        .try_init()
+        .expect("the only subscriber of this binary");
+
+    // Accepts connections (the kernel's backlog) but never answers them.
+    let silent = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let silent_port = silent.local_addr().expect("addr").port();
+    for (what, port) in [("refused", closed_port()), ("silent", silent_port)] {
+        let result = LockClient::builder()
+            .url(&format!("redis://127.0.0.1:{port}"))
+            .connect_timeout(Duration::from_millis(500))
+            .command_timeout(Duration::from_secs(1))
+            .connect()
+            .await;
+        let Err(error @ LockError::Backend { .. }) = result else {
+            panic!("{what}: connected to nothing: {result:?}");
+        };
+        let message = error.to_string();
+        assert!(
+            message.contains("could not connect") && message.contains(&port.to_string()),
+            "{what}: {message}"
+        );
+    }
+    // Anything the failed clients still log on their way out.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The client given up on closed its connection to the silent server (its handshake is
+    // bounded by the command timeout: 1 s here, so closed by now), and tries no more.
+    silent.set_nonblocking(true).expect("nonblocking");
+    let accepted: Vec<TcpStream> = std::iter::from_fn(|| silent.accept().ok())
+        .map(|(stream, _)| stream)
+        .collect();
+    assert!(!accepted.is_empty(), "the silent server got no connection");
+    for mut stream in accepted {
+        stream.set_nonblocking(false).expect("blocking");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("read timeout");
+        let mut buf = [0_u8; 512];
+        let closed = loop {
+            match stream.read(&mut buf) {
+                Ok(0) => break true,
+                Ok(_) => continue, // the handshake the client sent
+                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break false, // still open after 2 s (or reset: not a close)
+            }
+        };
+        assert!(
+            closed,
+            "the client left its connection open after giving up"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert!(
+        silent.accept().is_err(),
+        "the client connected again after giving up"
+    );
+    let logged = captured.text();
+    assert!(
+        logged.trim().is_empty(),
+        "a failed connection logged warnings:\n{logged}"
+    );
+
+    // The dedicated connections of replica acknowledgement, refused once the primary is gone:
+    // each failed one is closed without fred's warning (the lock's own warnings may appear).
+    for kind in ServerKind::ALL {
+        let setup = Replicated::start(kind, 1);
+        let client = LockClient::builder()
+            .url(&setup.primary_url())
+            .replicated(true)
+            .connect_timeout(Duration::from_millis(500))
+            .command_timeout(Duration::from_secs(1))
+            .connect()
+            .await
+            .expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("refused"))
+            .expect("options");
+        locks
+            .with_lock("k", Duration::from_secs(2), async {})
+            .await
+            .expect("while the primary is up");
+        setup.primary.kill();
+        let down = locks
+            .with_lock("k", Duration::from_millis(1_500), async {})
+            .await;
+        assert!(down.is_err(), "{kind}: locked with the primary gone");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        client.quit().await;
+        let logged = captured.text();
+        assert!(
+            !logged.contains("already stopped"),
+            "{kind}: a refused dedicated connection logged fred's warning:\n{logged}"
+        );
+    }
+}
