@@ -195,7 +195,8 @@ impl LockClient {
 
     /// Borrows a connection from the dedicated pool (shared with replica-acknowledged lock
     /// operations), waiting at most `timeout` for a free one. It has the settings of
-    /// [`LockClient::fred`] (in a cluster, `MOVED`/`ASK` come back as errors).
+    /// [`LockClient::fred`] (in a cluster, `MOVED`/`ASK` come back as errors). Dropped, it is
+    /// closed, so nothing done on it reaches lock operations (see [`DedicatedConnection`]).
     ///
     /// ```no_run
     /// # async fn demo(client: sage_lock::LockClient) -> Result<(), sage_lock::LockError> {
@@ -203,7 +204,7 @@ impl LockClient {
     ///
     /// let connection = client.dedicated_connection(Duration::from_secs(1)).await?;
     /// // `connection` dereferences to a fred client: run blocking commands on it.
-    /// drop(connection); // back to the pool
+    /// drop(connection); // closed, its slot back in the pool
     /// # Ok(()) }
     /// ```
     ///
@@ -216,7 +217,7 @@ impl LockClient {
     ) -> Result<DedicatedConnection, LockError> {
         let pool = &self.inner.conn.pool;
         match pool.take(deadline_after(timeout)).await {
-            Ok(loan) => Ok(DedicatedConnection::new(loan, Arc::downgrade(pool))),
+            Ok(loan) => Ok(DedicatedConnection::new(loan)),
             Err(PoolError::Exhausted) => Err(LockError::backend(
                 format!(
                     "all {} dedicated connections stayed busy for {timeout:?}; raise max_connections",

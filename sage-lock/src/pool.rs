@@ -232,34 +232,34 @@ impl Drop for DedicatedPool {
 
 /// A dedicated connection borrowed from a [`LockClient`](crate::LockClient)'s pool for blocking
 /// work of your own (`WAIT`, `BLPOP`, `MULTI`/`EXEC`, ...). It counts against
-/// `max_connections` together with replica-acknowledged lock operations, and goes back to the
-/// pool when dropped. Dereferences to a fred [`Client`].
+/// `max_connections` together with replica-acknowledged lock operations. Dereferences to a fred
+/// [`Client`].
 ///
-/// Leave it idle before dropping it: a connection dropped while a blocking command is still
-/// running should be closed instead, with [`DedicatedConnection::discard`].
+/// Dropped, it is closed (in the background) and its slot freed at once: whatever you did on it
+/// (a `SELECT`, an `AUTH` as another user, a name, an open `MULTI`, a blocking command still
+/// running) never reaches lock operations, which connect afresh as the URL's user, in the URL's
+/// database.
 ///
 /// Borrowed with [`LockClient::dedicated_connection`](crate::LockClient::dedicated_connection)
 /// (see its example).
 #[derive(Debug)]
 pub struct DedicatedConnection {
-    /// `None` once discarded or returned.
-    loan: Option<Loan>,
+    /// Closes the connection and frees its slot when dropped.
+    loan: Loan,
     conn: Client,
-    pool: std::sync::Weak<DedicatedPool>,
 }
 
 impl DedicatedConnection {
-    pub(crate) fn new(loan: Loan, pool: std::sync::Weak<DedicatedPool>) -> Self {
+    pub(crate) fn new(loan: Loan) -> Self {
         DedicatedConnection {
             conn: loan.conn.clone(),
-            loan: Some(loan),
-            pool,
+            loan,
         }
     }
 
-    /// Closes the connection instead of returning it to the pool.
-    pub fn discard(mut self) {
-        drop(self.loan.take());
+    /// Closes the connection: the same as dropping it.
+    pub fn discard(self) {
+        drop(self.loan);
     }
 }
 
@@ -268,39 +268,6 @@ impl std::ops::Deref for DedicatedConnection {
 
     fn deref(&self) -> &Client {
         &self.conn
-    }
-}
-
-impl Drop for DedicatedConnection {
-    /// Back to the pool after a `RESET` (in the background), so state the borrower left on the
-    /// connection (a `SELECT`ed database, a name, an open `MULTI`, subscriptions, ...) never
-    /// reaches later lock operations; closed instead when the reset fails or the pool is gone.
-    fn drop(&mut self) {
-        let Some(loan) = self.loan.take() else {
-            return;
-        };
-        let (Some(pool), Ok(runtime)) =
-            (self.pool.upgrade(), tokio::runtime::Handle::try_current())
-        else {
-            return; // the loan closes itself
-        };
-        if !loan.conn.is_connected() {
-            return;
-        }
-        runtime.spawn(async move {
-            let reset = tokio::time::timeout(
-                Duration::from_secs(1),
-                loan.conn.custom::<Value, Value>(
-                    CustomCommand::new_static("RESET", ClusterHash::FirstKey, false),
-                    Vec::new(),
-                ),
-            )
-            .await;
-            // A cluster client has a connection per node; RESET reached one of them only.
-            if matches!(reset, Ok(Ok(_))) && !loan.conn.is_clustered() {
-                pool.put_back(loan);
-            }
-        });
     }
 }
 

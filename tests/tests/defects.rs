@@ -125,14 +125,29 @@ async fn cancelled_acquisitions_and_dropped_clients_leave_no_connections() {
     }
 }
 
-/// 3. A user loan comes back to the pool clean: no `SELECT`ed database, no name, no open
-/// `MULTI`, so later lock operations run in database 0.
+/// 3. Nothing a user does on a loan reaches later lock operations: no `SELECT`ed database, no
+/// `AUTH` as another user, no name, no open `MULTI`. The next loan, and the replica-acknowledged
+/// lock operations on it, run as the URL's user in the URL's database (a `RESET` before reuse
+/// would log the connection out and put it in database 0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn user_loans_come_back_reset() {
+async fn user_loans_never_reach_lock_operations() {
+    const PASSWORD: &str = "loan-password";
     for kind in ServerKind::ALL {
         let setup = Replicated::start(kind, 1);
+        let port = setup.primary.port();
+        let user = format!("loaner-{}", kind.name());
+        setup.primary.cmd_ok(&[
+            "ACL",
+            "SETUSER",
+            &user,
+            "on",
+            &format!(">{PASSWORD}"),
+            "~*",
+            "&*",
+            "+@all",
+        ]);
         let client = LockClient::builder()
-            .url(&setup.primary_url())
+            .url(&format!("redis://{user}:{PASSWORD}@127.0.0.1:{port}/3"))
             .replicated(true)
             .max_connections(1)
             .connect()
@@ -149,6 +164,13 @@ async fn user_loans_come_back_reset() {
             vec![Value::from("SETNAME"), Value::from("dirty")],
         )
         .await;
+        // The default user has no password: any password logs in as it.
+        custom(
+            &loan,
+            "AUTH",
+            vec![Value::from("default"), Value::from("any")],
+        )
+        .await;
         custom(&loan, "MULTI", vec![]).await;
         drop(loan);
         let again = client
@@ -159,20 +181,28 @@ async fn user_loans_come_back_reset() {
         assert!(name.is_null(), "{}: name kept: {name:?}", kind.name());
         let info = custom(&again, "CLIENT", vec![Value::from("INFO")]).await;
         let info = info.as_string().unwrap_or_default();
-        assert!(info.contains(" db=0 "), "{}: {info}", kind.name());
+        assert!(
+            info.contains(" db=3 ") && info.contains(&format!(" user={user} ")),
+            "{}: not the URL's database 3 and user {user}: {info}",
+            kind.name()
+        );
         drop(again);
         // The only dedicated connection now serves a replica-acknowledged acquisition.
         let locks: Locks<str> = client
             .lock_with(LockOptions::new().namespace("loan"))
             .expect("opts");
         let server_key = String::from_utf8(LockClient::server_key("loan", "k")).expect("utf8");
+        let exists_in = |db: &str| {
+            let mut conn = harness::RawConn::connect(port).expect("connect");
+            assert!(conn.cmd(&["SELECT", db]).expect("SELECT").is_ok());
+            conn.cmd(&["EXISTS", &server_key]).expect("EXISTS").as_int()
+        };
         locks
             .with_lock("k", Duration::from_secs(2), async {
-                let exists = setup.primary.cmd(&["EXISTS", &server_key]).expect("EXISTS");
                 assert_eq!(
-                    exists.as_int(),
-                    Some(1),
-                    "{}: lock key not in db 0",
+                    (exists_in("3"), exists_in("0")),
+                    (Some(1), Some(0)),
+                    "{}: the lock key is not (only) in the URL's database 3",
                     kind.name()
                 );
             })
