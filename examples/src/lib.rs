@@ -448,8 +448,37 @@ pub fn has_flag(name: &str) -> bool {
     std::env::args().any(|arg| arg == name)
 }
 
+/// `error` and its causes on one line, as anyhow's `{:#}` prints them, without a cause the
+/// message before it already quotes (a [`sage_lock::LockError::Backend`] shows fred's error in
+/// its own message, and returns it as its source too).
+#[must_use]
+pub fn report(error: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn report_quotes_each_cause_once() {
+        let quoted = anyhow::Error::new(std::io::Error::other("refused"))
+            .context("could not connect: refused");
+        assert_eq!(super::report(&quoted), "could not connect: refused");
+        let chained =
+            anyhow::Error::new(std::io::Error::other("refused")).context("could not connect");
+        assert_eq!(super::report(&chained), "could not connect: refused");
+    }
+
     use super::Usage;
 
     const USAGE: Usage<'static> = Usage {

@@ -112,3 +112,17 @@ async fn list_show_unlock() {
         client.quit().await;
     }
 }
+
+#[test]
+fn help_prints_the_usage_and_succeeds() {
+    for flag in ["--help", "-h"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_locks"))
+            .arg(flag)
+            .output()
+            .expect("run the locks tool");
+        let out = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{flag}: {output:?}");
+        assert!(out.starts_with("usage: locks"), "{flag}: {out}");
+        assert!(output.stderr.is_empty(), "{flag}: {output:?}");
+    }
+}

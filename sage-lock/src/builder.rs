@@ -384,10 +384,16 @@ impl LockClientBuilder {
                 "must be at least 1 lease per renewal call, got 0",
             ));
         }
-        if self.command_timeout.is_zero() || self.connect_timeout.is_zero() {
+        if self.command_timeout.is_zero() {
             return Err(LockError::invalid(
                 "command_timeout",
-                "timeouts must be positive, e.g. Duration::from_secs(5)",
+                "must be positive, e.g. Duration::from_secs(5)",
+            ));
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(LockError::invalid(
+                "connect_timeout",
+                "must be positive, e.g. Duration::from_secs(10)",
             ));
         }
         let mut deployment = Deployment::of(&config.server);
@@ -396,6 +402,7 @@ impl LockClientBuilder {
         }
         let target = describe(&config);
         let uses_tls = config.tls.is_some();
+        let database = config.database;
         let fred = build_fred(
             config,
             fred::types::config::ConnectionConfig::default(),
@@ -410,8 +417,11 @@ impl LockClientBuilder {
             // only log a warning in the service's logs).
             Ok(Err(error)) => (Some(error), None),
             Err(_) => {
-                // Still trying in the background: stop it.
-                let _ = tokio::time::timeout(Duration::from_secs(1), fred.quit()).await;
+                // Still trying in the background: stop it, without making the caller wait.
+                let stopping = fred.clone();
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(Duration::from_secs(1), stopping.quit()).await;
+                });
                 let error = Error::new(
                     fred::error::ErrorKind::Timeout,
                     format!("no connection within {:?}", self.connect_timeout),
@@ -420,12 +430,23 @@ impl LockClientBuilder {
             }
         };
         if let Some(error) = failure {
-            let hint = crate::acl::denial_hint(&error, None)
+            let hint = crate::url::mismatch_hint(&error, database)
+                .or_else(|| crate::acl::denial_hint(&error, None))
                 .unwrap_or_else(|| tls::connect_hint(&error, uses_tls).to_owned());
             return Err(LockError::backend(
                 format!("could not connect to {target}: {hint}"),
                 error,
             ));
+        }
+        if deployment != Deployment::Cluster
+            && let Err(error) =
+                crate::url::refuse_cluster_node(&fred, &target, self.command_timeout).await
+        {
+            let _ = tokio::time::timeout(Duration::from_secs(1), fred.quit()).await;
+            if let Some(task) = task {
+                task.abort();
+            }
+            return Err(error);
         }
         Ok(LockClient::from_parts(
             fred,

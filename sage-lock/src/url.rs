@@ -70,6 +70,66 @@ pub(crate) fn describe(config: &Config) -> String {
     format!("{} ({:?})", hosts.join(","), Deployment::of(&config.server))
 }
 
+/// What to tell the user when the first connection failed because the URL names the wrong kind
+/// of server, or a database the server does not have; `None` for any other failure.
+pub(crate) fn mismatch_hint(error: &fred::error::Error, database: Option<u8>) -> Option<String> {
+    let details = error.details();
+    if details.contains("cluster support disabled") {
+        Some(
+            "the server is not a cluster node (cluster-enabled no): connect to it with redis:// \
+             (a primary with replicas: LockClientBuilder::replicated(true)), or give \
+             redis-cluster:// the address of a cluster node"
+                .to_owned(),
+        )
+    } else if details.contains("unknown command") && details.contains("SENTINEL") {
+        Some(
+            "the server is not a Sentinel: redis-sentinel:// takes the Sentinels' addresses \
+             (port 26379 by default) and asks them for the primary; connect to a data node with \
+             redis://"
+                .to_owned(),
+        )
+    } else if details.contains("DB index is out of range") {
+        let named = database.map_or_else(
+            || "the URL's database".to_owned(),
+            |db| format!("database {db}"),
+        );
+        Some(format!(
+            "the server has no {named}: it has as many as its `databases` setting (16 by \
+             default), numbered from 0; fix the /N at the end of the URL"
+        ))
+    } else {
+        None
+    }
+}
+
+/// Refuses a cluster node reached through a plain URL: as a standalone client it would reach
+/// only that node's slots (`MOVED` for every other key) and scan one node. A server that does
+/// not answer `INFO cluster` (an ACL without `INFO`) is let through.
+pub(crate) async fn refuse_cluster_node(
+    client: &fred::clients::Client,
+    target: &str,
+    timeout: std::time::Duration,
+) -> Result<(), LockError> {
+    use fred::interfaces::ClientLike as _;
+    let info = tokio::time::timeout(
+        timeout,
+        client.info::<String>(Some(fred::types::InfoKind::Cluster)),
+    )
+    .await;
+    match info {
+        Ok(Ok(info)) if info.lines().any(|line| line.trim() == "cluster_enabled:1") => {
+            Err(LockError::invalid(
+                "url",
+                format!(
+                    "{target} is a cluster node: connect with redis-cluster://host:port (any \
+                     node's address; the client finds the others), or rediss-cluster:// for TLS"
+                ),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

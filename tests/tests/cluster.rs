@@ -24,6 +24,30 @@ fn target(kind: ServerKind) -> Target {
 common::behaviour_suite!(target);
 common::primitives::primitive_suite!(target);
 
+/// A plain `redis://` URL naming a cluster node is refused at connect, with the URL to use: as
+/// a standalone client it would reach only that node's slots (MOVED for the rest) and `scan`
+/// one node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_node_behind_a_plain_url_is_refused() {
+    for kind in ServerKind::ALL {
+        let cluster = harness::shared_cluster(kind);
+        let port = cluster.nodes[0].port();
+        let result = LockClient::connect(&format!("redis://127.0.0.1:{port}")).await;
+        let Err(LockError::InvalidArgument {
+            argument: "url",
+            message,
+        }) = result
+        else {
+            panic!("{}: connected: {result:?}", kind.name());
+        };
+        assert!(
+            message.contains("cluster node") && message.contains("redis-cluster://"),
+            "{}: {message}",
+            kind.name()
+        );
+    }
+}
+
 /// Locks spread over all three shards, and each shard's lock key sits with its fencing counter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_spread_over_shards() {

@@ -97,7 +97,7 @@ async fn force_unlock_takes_the_lock_from_its_holder() {
         let client = target.client().await;
         let ns = target.ns("force");
         let locks = family(&client, &ns, Duration::from_millis(600));
-        let refused = locks.force_unlock("k", " ").await;
+        let refused = locks.force_unlock_by("k", " ").await;
         assert!(
             matches!(
                 refused,
@@ -106,13 +106,13 @@ async fn force_unlock_takes_the_lock_from_its_holder() {
             "{name}: {refused:?}"
         );
         assert!(
-            !locks.force_unlock("k", "test").await.expect("free"),
+            !locks.force_unlock_by("k", "test").await.expect("free"),
             "{name}"
         );
         let (_token, _release, task) = hold(&locks, "k").await;
         assert!(
             locks
-                .force_unlock("k", "the operator test")
+                .force_unlock_by("k", "the operator test")
                 .await
                 .expect("force"),
             "{name}"
@@ -141,6 +141,25 @@ async fn force_unlock_takes_the_lock_from_its_holder() {
             locks.try_with_lock("k", async { 1 }).await.expect("try"),
             Some(1)
         );
+        // The SPEC's shape, naming nobody, does the same.
+        let (_token, _release, task) = hold(&locks, "k").await;
+        assert!(locks.force_unlock("k").await.expect("force"), "{name}");
+        assert!(!locks.is_locked("k").await.expect("is_locked"), "{name}");
+        let outcome = tokio::time::timeout(Duration::from_secs(3), task)
+            .await
+            .expect("the holder noticed in time")
+            .expect("holder task");
+        assert!(
+            matches!(
+                outcome,
+                Err(LockError::LockLost {
+                    reason: LossReason::NotOwner,
+                    ..
+                })
+            ),
+            "{name}: {outcome:?}"
+        );
+        assert!(!locks.force_unlock("k").await.expect("free"), "{name}");
     }
 }
 

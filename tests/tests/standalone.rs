@@ -83,6 +83,59 @@ async fn bad_url_and_unreachable_server() {
     );
 }
 
+/// A URL for the wrong kind of server names the mismatch and the URL to use, instead of asking
+/// whether the server is reachable; a zero connect timeout is blamed on `connect_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wrong_kind_of_server_is_named() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let port = server.port();
+        for (url, expected) in [
+            (
+                format!("redis-cluster://127.0.0.1:{port}"),
+                "not a cluster node",
+            ),
+            (
+                format!("redis-sentinel://127.0.0.1:{port}?sentinelServiceName=app"),
+                "not a Sentinel",
+            ),
+            (format!("redis://127.0.0.1:{port}/99"), "database 99"),
+        ] {
+            let result = LockClient::builder()
+                .url(&url)
+                .connect_timeout(Duration::from_secs(5))
+                .connect()
+                .await;
+            let Err(error) = result else {
+                panic!("{}: {url} connected", kind.name());
+            };
+            let message = error.to_string();
+            assert!(
+                message.contains(expected)
+                    && !message.contains("is the server running")
+                    && !message.contains("  "),
+                "{}: {url}: {message}",
+                kind.name()
+            );
+        }
+    }
+    let zero = LockClient::builder()
+        .url("redis://127.0.0.1:1")
+        .connect_timeout(Duration::ZERO)
+        .connect()
+        .await;
+    assert!(
+        matches!(
+            zero,
+            Err(LockError::InvalidArgument {
+                argument: "connect_timeout",
+                ..
+            })
+        ),
+        "{zero:?}"
+    );
+}
+
 /// The server going away mid-wait gives `TimedOut(Unavailable)` within the wait plus cleanup,
 /// never a hang; once it is back, locking works again without a new client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

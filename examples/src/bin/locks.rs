@@ -28,6 +28,8 @@ const USAGE: &str = "usage: locks <list | show KEY | unlock KEY> [--url URL] [--
 /// What to do.
 #[derive(Debug, PartialEq, Eq)]
 enum Command {
+    /// `--help` / `-h`: print the usage, exit 0.
+    Help,
     List,
     Show(String),
     Unlock(String),
@@ -51,7 +53,14 @@ fn parse(args: &[String]) -> anyhow::Result<Cli> {
             "--url" => &mut url,
             "--namespace" | "-n" => &mut namespace,
             "--by" => &mut by,
-            "-h" | "--help" => bail!("{USAGE}"),
+            "-h" | "--help" => {
+                return Ok(Cli {
+                    command: Command::Help,
+                    url: None,
+                    namespace: String::new(),
+                    by: None,
+                });
+            }
             flag if flag.starts_with("--") => bail!("unknown option {flag}\n{USAGE}"),
             _ => {
                 positional.push(arg.clone());
@@ -117,6 +126,10 @@ fn table(rows: &[Row]) -> String {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    if cli.command == Command::Help {
+        println!("{USAGE}");
+        return Ok(());
+    }
     let url = match cli.url {
         Some(url) => url,
         None => std::env::var(sage_lock_examples::URL_VARIABLE)
@@ -135,6 +148,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", table(&rows));
             println!("{} held in namespace {namespace:?}", plural(rows.len()));
         }
+        Command::Help => {}
         Command::Show(key) => match locks.holder(key.as_str()).await? {
             Some(holder) => print!("{}", table(&[row(key, &holder)])),
             None => println!("{key:?} is not locked in namespace {namespace:?}"),
@@ -146,7 +160,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .filter(|by| !by.trim().is_empty())
                 .unwrap_or_else(|| "unknown operator".to_owned());
             let by = format!("{by} (locks CLI)");
-            if locks.force_unlock(key.as_str(), &by).await? {
+            if locks.force_unlock_by(key.as_str(), &by).await? {
                 println!("unlocked {key:?} in namespace {namespace:?}");
             } else {
                 println!("{key:?} was not locked in namespace {namespace:?}");
@@ -182,7 +196,7 @@ async fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("locks: {error:#}");
+            eprintln!("locks: {}", sage_lock_examples::report(&error));
             ExitCode::FAILURE
         }
     }
@@ -210,6 +224,11 @@ mod tests {
         assert!(parse(&args("list --url")).is_err());
         assert!(parse(&args("list --colour red")).is_err());
         assert!(parse(&[]).is_err());
+        assert_eq!(
+            parse(&args("list --help")).expect("help").command,
+            Command::Help
+        );
+        assert_eq!(parse(&args("-h")).expect("help").command, Command::Help);
     }
 
     #[test]

@@ -48,6 +48,9 @@ const SCAN_COUNT: i64 = 1000;
 /// How often [`Locks::force_unlock`] tries again when the holder changes under it.
 const FORCE_ATTEMPTS: usize = 3;
 
+/// The `by` of a [`Locks::force_unlock`] log, which names nobody.
+const UNNAMED: &str = "(not named: Locks::force_unlock_by names who asked)";
+
 /// Who holds a lock, as the server sees it: from [`Locks::holder`] or [`Locks::scan`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -206,7 +209,8 @@ impl<K: ?Sized> Locks<K> {
     }
 
     /// Releases the lock on `key` whoever holds it, for an operator clearing a stuck lock;
-    /// logged at warn with `by` (who asked, and why). Returns whether a hold was removed.
+    /// logged at warn. Returns whether a hold was removed. [`Locks::force_unlock_by`] does the
+    /// same and also logs who asked and why.
     ///
     /// The holder is not told: its next renewal finds the lock gone and its body is cancelled
     /// with [`LockError::LockLost`] (reason `NotOwner`), but until then it may still be
@@ -214,14 +218,33 @@ impl<K: ?Sized> Locks<K> {
     ///
     /// ```no_run
     /// # async fn demo(locks: sage_lock::Locks<str>) -> Result<(), sage_lock::LockError> {
-    /// let removed = locks.force_unlock("account:42", "alice, incident 1234").await?;
+    /// let removed = locks.force_unlock("account:42").await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] when the key is not a lock of this kind;
+    /// [`LockError::Backend`] when the server cannot answer.
+    pub async fn force_unlock<Q>(&self, key: &Q) -> Result<bool, LockError>
+    where
+        K: Borrow<Q>,
+        Q: KeyCodec + ?Sized,
+    {
+        self.force_unlock_logged(key, UNNAMED).await
+    }
+
+    /// [`Locks::force_unlock`], with `by` (who asked, and why) in its warn log.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: sage_lock::Locks<str>) -> Result<(), sage_lock::LockError> {
+    /// let removed = locks.force_unlock_by("account:42", "alice, incident 1234").await?;
     /// # Ok(()) }
     /// ```
     ///
     /// # Errors
     /// [`LockError::InvalidArgument`] when `by` is empty or the key is not a lock of this kind;
     /// [`LockError::Backend`] when the server cannot answer.
-    pub async fn force_unlock<Q>(&self, key: &Q, by: &str) -> Result<bool, LockError>
+    pub async fn force_unlock_by<Q>(&self, key: &Q, by: &str) -> Result<bool, LockError>
     where
         K: Borrow<Q>,
         Q: KeyCodec + ?Sized,
@@ -229,9 +252,18 @@ impl<K: ?Sized> Locks<K> {
         if by.trim().is_empty() {
             return Err(LockError::invalid(
                 "by",
-                "say who forces the unlock and why, e.g. \"alice, incident 1234\"; it is logged",
+                "say who forces the unlock and why, e.g. \"alice, incident 1234\"; it is logged \
+                 (or call force_unlock)",
             ));
         }
+        self.force_unlock_logged(key, by).await
+    }
+
+    async fn force_unlock_logged<Q>(&self, key: &Q, by: &str) -> Result<bool, LockError>
+    where
+        K: Borrow<Q>,
+        Q: KeyCodec + ?Sized,
+    {
         let keys = self.keys(key);
         let context = || format!("could not force-unlock {}", keys.display());
         for _ in 0..FORCE_ATTEMPTS {

@@ -182,6 +182,7 @@ mod tests {
             ("[p]\nwait = 2", "\"2s\""),
             ("[p]\nlease = \"10ms\"", "at least 30ms"),
             ("[p]\nwait = \"0s\"", "must be positive"),
+            ("[p]\nhold_at_least = \"100000h\"", "at most one year"),
             ("[\"a b\"]\nwait = \"1s\"", "ASCII letters"),
         ];
         for (text, expected) in cases {

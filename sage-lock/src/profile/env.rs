@@ -63,9 +63,13 @@ pub(crate) fn apply(
                 let Some(value) = value.to_str() else {
                     return Err(format!("{variable} is not valid UTF-8"));
                 };
-                set(profile, setting, value.trim()).map_err(|problem| {
-                    format!("{variable}={value:?} (profile {name:?}): {problem}")
-                })?;
+                // The profile was valid before (checked first), so a range error is this
+                // variable's.
+                set(profile, setting, value.trim())
+                    .and_then(|()| profile.validate(name))
+                    .map_err(|problem| {
+                        format!("{variable}={value:?} (profile {name:?}): {problem}")
+                    })?;
             }
         }
     }
@@ -184,6 +188,31 @@ mod tests {
         )
         .expect_err("not a bool");
         assert!(error.contains("SAGE_LOCK_PROFILE_P_REPLICA_ACK"), "{error}");
+        for (variable, value, problem) in [
+            ("SAGE_LOCK_PROFILE_P_WAIT", "0s", "`wait` must be positive"),
+            (
+                "SAGE_LOCK_PROFILE_P_LEASE",
+                "10ms",
+                "`lease` must be at least 30ms",
+            ),
+            (
+                "SAGE_LOCK_PROFILE_P_NAMESPACE",
+                " ",
+                "`namespace` must not be empty",
+            ),
+            (
+                "SAGE_LOCK_PROFILE_P_HOLD_AT_LEAST",
+                "100000h",
+                "`hold_at_least` must be at most one year",
+            ),
+        ] {
+            let mut profiles = Profiles::new().with("p", Profile::new());
+            let error = apply(&mut profiles, lookup(&[(variable, value)])).expect_err(variable);
+            assert!(
+                error.starts_with(&format!("{variable}={value:?}")) && error.contains(problem),
+                "{error}"
+            );
+        }
         let mut clash = Profiles::new()
             .with("a-b", Profile::new())
             .with("a.b", Profile::new());

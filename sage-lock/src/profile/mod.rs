@@ -139,6 +139,15 @@ impl Profile {
                 ));
             }
         }
+        if let Some(hold) = self.hold_at_least
+            && hold > Duration::from_secs(60 * 60 * 24 * 365)
+        {
+            return Err(format!(
+                "profile {profile:?}: `hold_at_least` must be at most one year, got {}; use the \
+                 interval of the scheduled job, e.g. \"30s\"",
+                format_duration(hold)
+            ));
+        }
         if self.wait.is_some_and(|wait| wait.is_zero()) {
             return Err(format!(
                 "profile {profile:?}: `wait` must be positive, e.g. \"2s\"; to not wait, remove \

@@ -254,7 +254,7 @@ async fn every_operation_as(user: &User, servers: &[&Server], replicated: bool) 
     assert!(held.iter().any(|lock| lock.key == "op"), "{held:?}");
     assert!(
         locks
-            .force_unlock("op", "acl test")
+            .force_unlock_by("op", "acl test")
             .await
             .expect("force_unlock")
     );

@@ -176,7 +176,7 @@ async fn acl_operator_tools_name_the_missing_permission() {
             locks.is_locked("k").await.expect_err("is_locked denied"),
             locks.holder("k").await.expect_err("holder denied"),
             locks
-                .force_unlock("k", "test")
+                .force_unlock("k")
                 .await
                 .expect_err("force_unlock denied"),
         ] {

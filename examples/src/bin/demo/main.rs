@@ -101,7 +101,7 @@ fn main() -> ExitCode {
         }
     };
     result.unwrap_or_else(|error| {
-        eprintln!("error: {error:#}");
+        eprintln!("error: {}", sage_lock_examples::report(&error));
         ExitCode::FAILURE
     })
 }
