@@ -11,7 +11,7 @@
 //! `KEYS`) and prints a table of the held locks: key, fencing token, lease left, time held.
 //! `show` prints one lock's holder. `unlock` force-releases a lock (the holder's next renewal
 //! fails and its body is cancelled); it is logged at warn by the library with `--by` (default:
-//! `$USER`).
+//! `$USER`). `--tls-ca FILE` trusts the CA that signed a `rediss://` server's certificate.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -20,10 +20,11 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use sage_lock::{HeldLock, HolderInfo, LockClient, LockOptions, Locks};
 
-const USAGE: &str = "usage: locks <list | show KEY | unlock KEY> [--url URL] [--namespace NS] [--by WHO]
+const USAGE: &str = "usage: locks <list | show KEY | unlock KEY> [--url URL] [--namespace NS] [--by WHO] [--tls-ca FILE]
   --url        server URL (default: $SAGE_LOCK_URL), e.g. redis://127.0.0.1:6379 or redis-cluster://h:p
   --namespace  the locks' namespace (default: lock)
-  --by         who unlocks and why, logged (unlock only; default: $USER)";
+  --by         who unlocks and why, logged (unlock only; default: $USER)
+  --tls-ca     PEM file of the CA that signed the server's certificate (rediss:// URLs)";
 
 /// What to do.
 #[derive(Debug, PartialEq, Eq)]
@@ -42,23 +43,26 @@ struct Cli {
     url: Option<String>,
     namespace: String,
     by: Option<String>,
+    tls_ca: Option<String>,
 }
 
 fn parse(args: &[String]) -> anyhow::Result<Cli> {
     let mut positional = Vec::new();
-    let (mut url, mut namespace, mut by) = (None, None, None);
+    let (mut url, mut namespace, mut by, mut tls_ca) = (None, None, None, None);
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
         let slot = match arg.as_str() {
             "--url" => &mut url,
             "--namespace" | "-n" => &mut namespace,
             "--by" => &mut by,
+            "--tls-ca" => &mut tls_ca,
             "-h" | "--help" => {
                 return Ok(Cli {
                     command: Command::Help,
                     url: None,
                     namespace: String::new(),
                     by: None,
+                    tls_ca: None,
                 });
             }
             flag if flag.starts_with("--") => bail!("unknown option {flag}\n{USAGE}"),
@@ -84,6 +88,7 @@ fn parse(args: &[String]) -> anyhow::Result<Cli> {
         url,
         namespace: namespace.unwrap_or_else(|| "lock".to_owned()),
         by,
+        tls_ca,
     })
 }
 
@@ -137,7 +142,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             .filter(|url| !url.is_empty())
             .with_context(|| format!("give --url URL (or set SAGE_LOCK_URL)\n{USAGE}"))?,
     };
-    let client = LockClient::connect(&url).await?;
+    let mut builder = LockClient::builder().url(&url);
+    if let Some(ca) = &cli.tls_ca {
+        builder = builder.tls_ca_file(ca);
+    }
+    let client = builder.connect().await?;
     let locks: Locks<str> =
         client.lock_with(LockOptions::new().namespace(cli.namespace.as_str()))?;
     let namespace = &cli.namespace;
@@ -219,6 +228,8 @@ mod tests {
         let cli = parse(&args("unlock k --by alice")).expect("unlock");
         assert_eq!(cli.command, Command::Unlock("k".into()));
         assert_eq!(cli.by.as_deref(), Some("alice"));
+        let cli = parse(&args("list --tls-ca /etc/ca.pem")).expect("tls");
+        assert_eq!(cli.tls_ca.as_deref(), Some("/etc/ca.pem"));
         assert_eq!(cli.namespace, "lock");
         assert!(parse(&args("show")).is_err());
         assert!(parse(&args("list --url")).is_err());
