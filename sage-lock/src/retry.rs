@@ -135,6 +135,13 @@ mod tests {
             "TRYAGAIN x",
             "NOREPLICAS Not enough",
             "READONLY",
+            // The temporary refusals: a script running too long, a cluster without quorum or
+            // coverage, a replica cut off from its primary (`replica-serve-stale-data no`).
+            "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+            "BUSY",
+            "CLUSTERDOWN The cluster is down",
+            "CLUSTERDOWN Hash slot not served",
+            "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
         ] {
             assert_eq!(
                 classify(&Error::new(ErrorKind::Unknown, text)),
@@ -146,6 +153,7 @@ mod tests {
             "NOPERM this user has no permissions",
             "WRONGTYPE Operation",
             "BUSYKEY x",
+            "BUSYGROUP Consumer Group name already exists",
         ] {
             assert_eq!(
                 classify(&Error::new(ErrorKind::Unknown, text)),
