@@ -48,6 +48,161 @@ async fn standalone_sends_no_role_or_wait() {
     }
 }
 
+/// Renewals on a standalone server send no ROLE or WAIT either: a 300 ms lease held for 1.2 s
+/// is renewed several times (the client's count and the server's `EVALSHA` count both grow), and
+/// the server saw neither command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_renewals_send_no_role_or_wait() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let port = server.port();
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("renew-plain")
+                    .lease(Duration::from_millis(300)),
+            )
+            .expect("opts");
+        let before = client.stats();
+        let scripts_before = harness::commandstats_calls(port, "evalsha");
+        let mut scripts_in_body = 0;
+        locks
+            .with_lock("k", Duration::from_secs(2), async {
+                tokio::time::sleep(Duration::from_millis(1200)).await;
+                scripts_in_body = harness::commandstats_calls(port, "evalsha");
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{}: held through renewals: {e}", kind.name()));
+        let after = client.stats();
+        // A renewal is due every third of the lease (100 ms): about 11 in 1.2 s.
+        assert!(
+            after.renewals >= before.renewals + 3 && after.losses == before.losses,
+            "{}: {after:?}",
+            kind.name()
+        );
+        // Beyond the acquisition's script, the renewals' (one lease, one call each).
+        assert!(
+            scripts_in_body >= scripts_before + 1 + 3,
+            "{}: {} scripts during the hold",
+            kind.name(),
+            scripts_in_body - scripts_before
+        );
+        assert_eq!(
+            harness::commandstats_calls(port, "role"),
+            0,
+            "{}: ROLE sent",
+            kind.name()
+        );
+        assert_eq!(
+            harness::commandstats_calls(port, "wait"),
+            0,
+            "{}: WAIT sent",
+            kind.name()
+        );
+    }
+}
+
+/// The suffixes of the server keys of the lock whose key is `lock_key` (`""` for the lock key).
+fn keys_left(port: u16, lock_key: &str) -> Vec<String> {
+    let keys = harness::cmd(port, &["KEYS", &format!("{lock_key}*")]).expect("KEYS");
+    let mut suffixes: Vec<String> = keys
+        .as_array()
+        .expect("an array")
+        .iter()
+        .filter_map(|key| Some(key.to_text()?.strip_prefix(lock_key)?.to_owned()))
+        .collect();
+    suffixes.sort();
+    suffixes
+}
+
+/// A body that panics: the panic reaches the caller unchanged (here through the spawned task's
+/// `JoinError`, whose payload is the body's own message), and the lock is released at once (the
+/// unwinding drops the hold, which releases it in the background), not when its 30 s lease runs
+/// out: within seconds the lock key is gone (no more is left than after a body that returns),
+/// and the next `try_with_lock` gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panicking_body_propagates_and_releases() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let port = server.port();
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let ns = format!("panic-{}-{}", kind.name(), rand::random::<u32>());
+        let locks: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace(ns.as_str())
+                    .lease(Duration::from_secs(30)),
+            )
+            .expect("opts");
+        let key = String::from_utf8(LockClient::server_key(&ns, "k")).expect("utf8");
+        let exists = move |key: &str| {
+            harness::cmd(port, &["EXISTS", key])
+                .expect("EXISTS")
+                .as_int()
+                .expect("an integer")
+                == 1
+        };
+        let calm_key = String::from_utf8(LockClient::server_key(&ns, "calm")).expect("utf8");
+        locks
+            .with_lock("calm", Duration::from_secs(2), async {})
+            .await
+            .expect("a body that returns");
+        assert!(!keys_left(port, &calm_key).is_empty(), "{}", kind.name());
+        let task = {
+            let (locks, key) = (locks.clone(), key.clone());
+            tokio::spawn(async move {
+                locks
+                    .with_lock("k", Duration::from_secs(2), async move {
+                        assert!(exists(&key), "the lock key exists while the body runs");
+                        panic!("the body gave up on {}", "k");
+                    })
+                    .await
+            })
+        };
+        let error = task.await.expect_err("the panic reaches the caller");
+        assert!(error.is_panic(), "{}: {error}", kind.name());
+        let payload = error.into_panic();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied());
+        assert_eq!(message, Some("the body gave up on k"), "{}", kind.name());
+        let panicked = Instant::now();
+        while exists(&key) && panicked.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let gone_after = panicked.elapsed();
+        assert!(
+            !exists(&key),
+            "{}: the lock key outlived the panic by {gone_after:?}",
+            kind.name()
+        );
+        // No more is left on the server than after a body that returns: the bookkeeping that
+        // outlives every hold (the fencing counter, the last grant's marker), not the lock.
+        assert_eq!(
+            keys_left(port, &key),
+            keys_left(port, &calm_key),
+            "{}",
+            kind.name()
+        );
+        let again = locks
+            .try_with_lock("k", async { 7 })
+            .await
+            .unwrap_or_else(|e| panic!("{}: after the panic: {e}", kind.name()));
+        assert_eq!(
+            again,
+            Some(7),
+            "{}: still held after the panic",
+            kind.name()
+        );
+        println!(
+            "{}: panicking body -> key gone after {gone_after:?} (lease 30 s)",
+            kind.name()
+        );
+    }
+}
+
 /// A malformed URL and an unreachable server give clear errors, quickly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_url_and_unreachable_server() {
@@ -182,6 +337,79 @@ async fn server_down_then_back() {
             .with_lock("k", Duration::from_secs(10), async { 5 })
             .await;
         assert_eq!(back.expect("after restart"), 5, "{}", kind.name());
+    }
+}
+
+/// `try_with_lock` on a server that is gone retries for about a second
+/// ([`sage_lock::TRY_LOCK_RETRY_WINDOW`]), bounded by the usable lease, then returns
+/// `TimedOut(Unavailable)`: never at once, never a hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_lock_retries_an_unreachable_server_briefly() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let options = LockOptions::new().namespace("try-down");
+        let locks: Locks<str> = client.lock_with(options.clone()).expect("opts");
+        let short: Locks<str> = client
+            .lock_with(options.lease(Duration::from_millis(200)))
+            .expect("opts");
+        locks
+            .try_with_lock("k", async {})
+            .await
+            .expect("before")
+            .expect("free");
+        server.kill();
+        // At least the window (at most 1 s, less with a shorter usable lease); at most that plus
+        // the second a failed attempt's cleanup may take (`RELEASE_TIMEOUT`): about 2 s and
+        // 1.2 s here.
+        let mut took_with = Vec::new();
+        for (locks, lease, at_least, at_most) in [
+            (
+                &locks,
+                "30 s",
+                Duration::from_millis(900),
+                Duration::from_secs(4),
+            ),
+            (
+                &short,
+                "200 ms",
+                Duration::from_millis(150),
+                Duration::from_millis(1700),
+            ),
+        ] {
+            let started = Instant::now();
+            let result = locks.try_with_lock("k", async {}).await;
+            let took = started.elapsed();
+            println!("{} ({lease} lease): {result:?} after {took:?}", kind.name());
+            assert!(
+                matches!(
+                    result,
+                    Err(LockError::TimedOut {
+                        reason: TimeoutReason::Unavailable(_),
+                        ..
+                    })
+                ),
+                "{} ({lease} lease): {result:?}",
+                kind.name()
+            );
+            assert!(
+                took >= at_least,
+                "{} ({lease} lease): gave up after {took:?}, without retrying",
+                kind.name()
+            );
+            assert!(
+                took < at_most,
+                "{} ({lease} lease): took {took:?}",
+                kind.name()
+            );
+            took_with.push(took);
+        }
+        // The same cleanup after both: the long lease's window is the longer by most of 0.8 s.
+        assert!(
+            took_with[0] >= took_with[1] + Duration::from_millis(500),
+            "{}: {took_with:?}",
+            kind.name()
+        );
     }
 }
 
