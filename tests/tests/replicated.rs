@@ -75,21 +75,39 @@ async fn role_and_wait_are_sent_and_replicas_have_the_lock() {
             "{}",
             kind.name()
         );
-        // Acknowledgement off: ROLE still, WAIT no more. A renewal of the lock above may still
-        // be in flight after its release (dropping the registration does not cancel a sent
-        // call): let its WAIT land first.
+        // Acknowledgement off: ROLE still (the role check stays), WAIT no more, on acquisition
+        // and renewal alike. A renewal of the lock above may still be in flight after its
+        // release (dropping the registration does not cancel a sent call): let its WAIT land
+        // first.
         tokio::time::sleep(Duration::from_millis(300)).await;
         let waits = harness::commandstats_calls(port, "wait");
+        let roles = harness::commandstats_calls(port, "role");
         let fast: Locks<str> = client
             .lock_with(
                 LockOptions::new()
                     .namespace("noack")
+                    .lease(Duration::from_millis(300))
                     .replica_acknowledgement(false),
             )
             .expect("opts");
-        fast.with_lock("k", Duration::from_secs(1), async {})
-            .await
-            .expect("lock");
+        let renewals = client.stats().renewals;
+        fast.with_lock("k", Duration::from_secs(1), async {
+            tokio::time::sleep(Duration::from_millis(400)).await; // at least one renewal
+        })
+        .await
+        .expect("lock");
+        assert!(
+            client.stats().renewals > renewals,
+            "{}: not renewed",
+            kind.name()
+        );
+        let roles_sent = harness::commandstats_calls(port, "role") - roles;
+        // The acquisition's, and at least one renewal's.
+        assert!(
+            roles_sent >= 2,
+            "{}: {roles_sent} ROLE without acknowledgement",
+            kind.name()
+        );
         assert_eq!(
             harness::commandstats_calls(port, "wait"),
             waits,
