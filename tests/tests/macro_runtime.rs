@@ -543,3 +543,167 @@ async fn modes_use_their_primitives() {
         assert_eq!(key, from, "current_lease is the first key's");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// A panicking body.
+
+const PANIC_NS: &str = "macro-panic";
+
+#[locked(key = "job:{id}", wait = "2s", lease = "30s", namespace = "macro-panic", client = client)]
+async fn panics_in_body(client: LockClient, id: u64, port: u16) -> Result<(), AppError> {
+    let key = LockClient::server_key(PANIC_NS, &format!("job:{id}"));
+    let key = String::from_utf8(key).expect("utf8");
+    assert!(key_exists(port, &key), "held while the body runs");
+    if id > 0 {
+        panic!("job {id} blew up");
+    }
+    Ok(())
+}
+
+fn key_exists(port: u16, key: &str) -> bool {
+    harness::cmd(port, &["EXISTS", key])
+        .expect("EXISTS")
+        .as_int()
+        .expect("an integer")
+        == 1
+}
+
+/// A panic in an annotated function's body reaches its caller unchanged (the spawned task's
+/// `JoinError` carries the body's message), and the lock is released at once, not when its 30 s
+/// lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panicking_body_propagates_and_releases() {
+    for kind in ServerKind::ALL {
+        let client = client(kind).await;
+        let port = harness::shared(kind).port();
+        let id = 1 + u64::from(rand::random::<u32>());
+        let key = String::from_utf8(LockClient::server_key(PANIC_NS, &format!("job:{id}")))
+            .expect("utf8");
+        let error = tokio::spawn(panics_in_body(client.clone(), id, port))
+            .await
+            .expect_err("the panic reaches the caller");
+        assert!(error.is_panic(), "{}: {error}", kind.name());
+        let payload = error.into_panic();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied());
+        let expected = format!("job {id} blew up");
+        assert_eq!(message, Some(expected.as_str()), "{}", kind.name());
+        let panicked = Instant::now();
+        while key_exists(port, &key) && panicked.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            !key_exists(port, &key),
+            "{}: the lock outlived the panic by {:?}",
+            kind.name(),
+            panicked.elapsed()
+        );
+        let hand = hand_locks(&client, PANIC_NS);
+        let free = hand
+            .try_with_lock(&format!("job:{id}"), async {})
+            .await
+            .expect("try by hand");
+        assert!(
+            free.is_some(),
+            "{}: still held after the panic",
+            kind.name()
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// `lease` and `replica_ack` reach the lock.
+
+const SETTINGS_NS: &str = "macro-settings";
+
+/// The lock key's remaining time to live, seen from inside the body.
+fn pttl_of(port: u16, key: &str) -> i64 {
+    let key = LockClient::server_key(SETTINGS_NS, key);
+    let key = String::from_utf8(key).expect("utf8");
+    harness::cmd(port, &["PTTL", &key])
+        .expect("PTTL")
+        .as_int()
+        .expect("an integer")
+}
+
+#[locked(key = "lease:{id}", wait = "2s", lease = "5s", namespace = "macro-settings", client = client)]
+async fn five_second_lease(client: &LockClient, id: u64, port: u16) -> Result<i64, AppError> {
+    Ok(pttl_of(port, &format!("lease:{id}")))
+}
+
+#[locked(key = "lease:{id}", wait = "2s", namespace = "macro-settings", client = client)]
+async fn default_lease(client: &LockClient, id: u64, port: u16) -> Result<i64, AppError> {
+    Ok(pttl_of(port, &format!("lease:{id}")))
+}
+
+#[locked(key = "ack:{id}", wait = "2s", replica_ack = false, namespace = "macro-settings", client = client)]
+async fn without_ack(client: &LockClient, id: u64) -> Result<u64, AppError> {
+    Ok(id)
+}
+
+#[locked(key = "ack:{id}", wait = "2s", namespace = "macro-settings", client = client)]
+async fn with_ack(client: &LockClient, id: u64) -> Result<u64, AppError> {
+    Ok(id)
+}
+
+/// `lease = "5s"` is the lease the key gets (not the 30 s default); `replica_ack = false` on a
+/// replicated primary sends no `WAIT` (but the role check's `ROLE`), where the same function
+/// without it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_and_replica_ack_reach_the_lock() {
+    for kind in ServerKind::ALL {
+        let client = client(kind).await;
+        let port = harness::shared(kind).port();
+        let id = u64::from(rand::random::<u32>());
+        let five = five_second_lease(&client, id, port).await.expect("lock");
+        assert!(
+            (4000..=5000).contains(&five),
+            "{}: PTTL {five} ms under lease = \"5s\"",
+            kind.name()
+        );
+        let default = default_lease(&client, id, port).await.expect("lock");
+        assert!(
+            (25_000..=30_000).contains(&default),
+            "{}: PTTL {default} ms under the default lease",
+            kind.name()
+        );
+
+        let setup = harness::shared_replicated(kind);
+        let primary = setup.primary.port();
+        let replicated = LockClient::builder()
+            .url(&setup.primary_url())
+            .replicated(true)
+            .connect()
+            .await
+            .expect("connect");
+        let (waits, roles) = (
+            harness::commandstats_calls(primary, "wait"),
+            harness::commandstats_calls(primary, "role"),
+        );
+        for i in 0..3 {
+            assert_eq!(
+                without_ack(&replicated, id + i).await.expect("lock"),
+                id + i
+            );
+        }
+        assert_eq!(
+            harness::commandstats_calls(primary, "wait"),
+            waits,
+            "{}: replica_ack = false sent WAIT",
+            kind.name()
+        );
+        assert!(
+            harness::commandstats_calls(primary, "role") >= roles + 3,
+            "{}: not checked as a replicated deployment",
+            kind.name()
+        );
+        assert_eq!(with_ack(&replicated, id).await.expect("lock"), id);
+        assert!(
+            harness::commandstats_calls(primary, "wait") > waits,
+            "{}: the default acknowledges",
+            kind.name()
+        );
+    }
+}
