@@ -46,8 +46,8 @@ pub(crate) struct Args {
     pub(crate) krate: Option<syn::Path>,
     /// `hold_at_least = "30s"` (zero allowed: off).
     pub(crate) hold_at_least: Option<DurationArg>,
-    /// `reentrant` (a flag without a value).
-    pub(crate) reentrant: bool,
+    /// `reentrant` (a flag without a value), with the flag's span.
+    pub(crate) reentrant: Option<Span>,
     /// `mode = "read" | "write"`: a read-write lock.
     pub(crate) mode: Option<(crate::modes::RwMode, Span)>,
     /// `permits = N`: a semaphore with N permits (N >= 1).
@@ -162,7 +162,7 @@ pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
             }
             "hold_at_least" => args.hold_at_least = duration_arg(&name, span, arg.value, errors),
             "reentrant" => match arg.value {
-                None => args.reentrant = true,
+                None => args.reentrant = Some(span),
                 Some(value) => errors.spanned(
                     value,
                     "`reentrant` is a flag and takes no value: write `reentrant` alone to make \
@@ -428,7 +428,7 @@ mod tests {
         );
         assert!(errors.is_empty());
         assert_eq!(args.hold_at_least.map(|h| h.millis), Some(30_000));
-        assert!(args.reentrant);
+        assert!(args.reentrant.is_some());
         assert!(args.try_lock);
         assert_eq!(args.lease.map(|l| l.millis), Some(10_000));
         assert_eq!(args.replica_ack.map(|(on, _)| on), Some(false));

@@ -234,7 +234,7 @@ fn generated(
         let millis = hold_at_least.millis;
         setters.extend(quote!(.hold_at_least(::core::time::Duration::from_millis(#millis))));
     }
-    if args.reentrant {
+    if args.reentrant.is_some() {
         setters.extend(quote!(.reentrant(true)));
     }
     let shape_statement = shape_statement(args, ret, ret_span);

@@ -1,6 +1,6 @@
 //! The arguments that pick another primitive than the mutex: `mode = "read" | "write"` (a
 //! read-write lock), `permits = N` (a semaphore), and their combination rules with `key = [..]`
-//! and `profile`.
+//! (which also excludes `reentrant`) and `profile`.
 
 use proc_macro2::Span;
 use syn::{Expr, Lit};
@@ -53,6 +53,16 @@ pub(crate) fn check(args: &Args, errors: &mut Errors) {
                     "`{name}` works with one key: `key = [..]` locks several keys with the \
                      (exclusive) mutex; remove `{name}` or give a single `key = \"...\"`"
                 ),
+            );
+        }
+        // The runtime's `with_locks` ignores `reentrant` (it always takes its keys), so the flag
+        // would be silently without effect.
+        if let Some(span) = args.reentrant {
+            errors.at(
+                span,
+                "`reentrant` works with one key: `key = [..]` always takes all of its keys, so a \
+                 nested call for keys the task already holds waits for them (and times out); \
+                 remove `reentrant` or give a single `key = \"...\"`",
             );
         }
     }
@@ -155,6 +165,13 @@ mod tests {
         assert!(all[0].contains("names no key"), "{all:?}");
         let all = messages(quote!(key = [a, b], wait = "1s", mode = "write"));
         assert!(all[0].contains("works with one key"), "{all:?}");
+        let all = messages(quote!(key = [a, b], wait = "1s", reentrant));
+        assert_eq!(all.len(), 1, "{all:?}");
+        assert!(all[0].contains("`reentrant` works with one key"), "{all:?}");
+        let all = messages(quote!(key = [a, b], wait = "1s", mode = "read", reentrant));
+        assert_eq!(all.len(), 2, "{all:?}");
+        assert!(messages(quote!(key = [a], wait = "1s", hold_at_least = "1s")).is_empty());
+        assert!(messages(quote!(key = a, wait = "1s", mode = "read", reentrant)).is_empty());
         let all = messages(quote!(key = id, wait = "1s", permits = "2"));
         assert!(all[0].contains("integer literal"), "{all:?}");
     }
