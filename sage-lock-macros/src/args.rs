@@ -11,8 +11,18 @@ use crate::duration::{format_millis, parse_millis};
 use crate::errors::Errors;
 use crate::suggest::{NAMES, unknown_argument};
 
-/// The shortest lease the runtime accepts, in milliseconds.
+// The runtime's bounds on durations, checked here so that a literal the runtime would reject
+// with `InvalidArgument` on every call is a compile error instead. This crate cannot depend on
+// `sage-lock` (which depends on it), so the numbers are repeated: keep them equal to
+// `MIN_LEASE` and `MAX_DURATION` in `sage-lock/src/options.rs` (`validate_lease`,
+// `validate_hold_at_least`).
+
+/// The shortest lease the runtime accepts, in milliseconds (`sage_lock::MIN_LEASE`, 30 ms).
 const MIN_LEASE_MILLIS: u64 = 30;
+
+/// The longest lease or minimum hold the runtime accepts, in milliseconds: one year of 365 days
+/// (`MAX_DURATION` in `sage-lock/src/options.rs`), i.e. `"8760h"`.
+const MAX_DURATION_MILLIS: u64 = 365 * 24 * 60 * 60 * 1000;
 
 /// How the key is given.
 pub(crate) enum KeyArg {
@@ -151,6 +161,19 @@ pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
                         ),
                     );
                 }
+                if let Some(lease) = &args.lease
+                    && lease.millis > MAX_DURATION_MILLIS
+                {
+                    errors.at(
+                        lease.span,
+                        format!(
+                            "`lease` must be at most one year (\"8760h\"), got {}: renewal keeps \
+                             the lock while the body runs, however long, so the lease only bounds \
+                             how long others wait after a crash; write e.g. `lease = \"10s\"`",
+                            format_millis(lease.millis)
+                        ),
+                    );
+                }
             }
             "namespace" => args.namespace = namespace_arg(span, arg.value, errors),
             "profile" => {
@@ -160,7 +183,21 @@ pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
                     Err(error) => errors.push(error),
                 }
             }
-            "hold_at_least" => args.hold_at_least = duration_arg(&name, span, arg.value, errors),
+            "hold_at_least" => {
+                args.hold_at_least = duration_arg(&name, span, arg.value, errors);
+                if let Some(hold) = &args.hold_at_least
+                    && hold.millis > MAX_DURATION_MILLIS
+                {
+                    errors.at(
+                        hold.span,
+                        format!(
+                            "`hold_at_least` must be at most one year (\"8760h\"), got {}: use \
+                             the interval of the scheduled job, e.g. `hold_at_least = \"30s\"`",
+                            format_millis(hold.millis)
+                        ),
+                    );
+                }
+            }
             "reentrant" => match arg.value {
                 None => args.reentrant = Some(span),
                 Some(value) => errors.spanned(
@@ -454,6 +491,16 @@ mod tests {
         assert!(all[0].contains("lease = \"10s\""), "{all:?}");
         let all = messages(quote!(key = id, try_lock, lease = "10ms"));
         assert!(all[0].contains("at least 30ms"), "{all:?}");
+        // The runtime's bounds (`sage-lock/src/options.rs`), at their edges.
+        assert!(messages(quote!(key = id, try_lock, lease = "30ms")).is_empty());
+        assert!(messages(quote!(key = id, try_lock, lease = "8760h")).is_empty());
+        assert!(messages(quote!(key = id, try_lock, hold_at_least = "8760h")).is_empty());
+        let all = messages(quote!(key = id, try_lock, lease = "8760h1ms"));
+        assert!(all[0].contains("at most one year"), "{all:?}");
+        assert!(all[0].contains("got 8760h1ms"), "{all:?}");
+        let all = messages(quote!(key = id, try_lock, hold_at_least = "9000h"));
+        assert!(all[0].contains("at most one year"), "{all:?}");
+        assert_eq!(MAX_DURATION_MILLIS, 8760 * 3_600_000);
         let all = messages(quote!(key = id, wait = "0s"));
         assert!(all[0].contains("must be positive"), "{all:?}");
         let all = messages(quote!(key = id, try_lock = "yes"));

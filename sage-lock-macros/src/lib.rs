@@ -47,10 +47,10 @@ use proc_macro::TokenStream;
 /// | `profile` | name of a profile installed with `sage_lock::global::set_profiles`: its settings apply where the attribute gives none | none |
 /// | `wait` | how long to wait for a busy lock: `"150ms"`, `"2s"`, `"1m"`, `"1h"`, `"1m30s"` | required unless `try_lock` or `profile` |
 /// | `try_lock` | flag (or `= true` / `= false`): do not wait; `Ok(None)` when the lock is busy | off |
-/// | `lease` | lease duration, at least `"30ms"`; renewed automatically | service default (30s) |
+/// | `lease` | lease duration, from `"30ms"` to one year (`"8760h"`); renewed automatically | service default (30s) |
 /// | `namespace` | non-empty string | service default (`"lock"`) |
 /// | `replica_ack` | `true` / `false` (alone: `true`) | service default (`true`) |
-/// | `hold_at_least` | minimum hold from acquisition, e.g. `"30s"`: a body that ends sooner leaves the key held until then (scheduled jobs, with `try_lock`); `"0s"` is off | off |
+/// | `hold_at_least` | minimum hold from acquisition, e.g. `"30s"`: a body that ends sooner leaves the key held until then (scheduled jobs, with `try_lock`); `"0s"` is off; at most one year | off |
 /// | `reentrant` | flag (no value): a call for a key the current task already holds runs at once under the held lease; one key only (not with `key = [..]`) | off (a nested call waits) |
 /// | `client` | an expression giving a `LockClient`, `&LockClient` or `Arc<LockClient>`, e.g. `self.locks` | the global client (`sage_lock::global`) |
 /// | `crate` | path to the sage-lock crate, for re-exports | `::sage_lock` |

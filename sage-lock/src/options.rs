@@ -8,9 +8,13 @@ use crate::error::LockError;
 use crate::observe::Metrics;
 
 /// The shortest lease accepted by [`LockOptions::lease`] (see [`LockOptions`]'s example).
+// `#[locked]` checks its `lease` literal against the same number at compile time:
+// `MIN_LEASE_MILLIS` in `sage-lock-macros/src/args.rs` (which cannot depend on this crate).
 pub const MIN_LEASE: Duration = Duration::from_millis(30);
 
 /// The longest lease or minimum hold accepted: one year.
+// Mirrored by `MAX_DURATION_MILLIS` in `sage-lock-macros/src/args.rs` (compile-time checks of
+// `#[locked]`'s `lease` and `hold_at_least`): change both together.
 const MAX_DURATION: Duration = Duration::from_secs(60 * 60 * 24 * 365);
 
 static DEFAULTS: OnceLock<ServiceDefaults> = OnceLock::new();
@@ -270,4 +274,23 @@ pub fn defaults() -> &'static ServiceDefaults {
     DEFAULTS
         .get()
         .unwrap_or_else(|| BUILT_IN.get_or_init(ServiceDefaults::default))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bounds `#[locked]` mirrors at compile time (`sage-lock-macros/src/args.rs`, whose
+    /// tests pin the same edges): 30 ms and 8760 h are accepted, one millisecond beyond is not.
+    #[test]
+    fn duration_bounds_match_the_macros() {
+        let year = Duration::from_secs(8760 * 3600);
+        let ms = Duration::from_millis(1);
+        assert!(validate_lease(Duration::from_millis(30)).is_ok());
+        assert!(validate_lease(Duration::from_millis(29)).is_err());
+        assert!(validate_lease(year).is_ok());
+        assert!(validate_lease(year + ms).is_err());
+        assert!(validate_hold_at_least(year).is_ok());
+        assert!(validate_hold_at_least(year + ms).is_err());
+    }
 }
