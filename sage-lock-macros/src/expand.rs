@@ -72,9 +72,11 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     if matches!(shape, Some(Shape::AsyncTrait { .. })) {
         // `#[async_trait]` renamed destructured parameters to hygienic `__argN`: not nameable.
         scope.async_trait = true;
+        let before = scope.params.len();
         scope.params.retain(|name| {
             !(name.starts_with("__arg") && name[5..].chars().all(|c| c.is_ascii_digit()))
         });
+        scope.unnamed += before - scope.params.len();
     }
     let key = args
         .key

@@ -45,6 +45,9 @@ pub(crate) struct Scope {
     /// Whether the function was rewritten by `#[async_trait]`, which renames destructured
     /// parameters.
     pub(crate) async_trait: bool,
+    /// How many parameters bind no name a template can use (`_: u64`, `(_, _): (u8, u8)`, or
+    /// under `#[async_trait]` a destructured one), so that messages do not claim there are none.
+    pub(crate) unnamed: usize,
 }
 
 impl Scope {
@@ -54,7 +57,12 @@ impl Scope {
             names.push("`self`".to_owned());
         }
         names.extend(self.params.iter().map(|name| format!("`{name}`")));
-        if names.is_empty() {
+        if names.is_empty() && self.unnamed > 0 {
+            "no parameter of this function has a name (`_` binds none); name the one to put in \
+             the key, e.g. `id: u64` instead of `_: u64`, or use a constant key or an expression \
+             key"
+            .to_owned()
+        } else if names.is_empty() {
             "this function has no parameters; use a constant key or an expression key".to_owned()
         } else {
             format!("the parameters are: {}", names.join(", "))
@@ -236,6 +244,17 @@ fn check_placeholder(body: &str, scope: &Scope, open: char) -> Result<Placeholde
         ));
     }
     let bare_root = root.strip_prefix("r#").unwrap_or(root);
+    if bare_root == "_" {
+        let mut message = format!(
+            "`_` cannot be named in a key template (`{shown}`): a `_` parameter binds no name, so \
+             its value cannot be put in the key; give the parameter a name, e.g. `id: u64` \
+             instead of `_: u64`, and write `{open}id{close}`"
+        );
+        if !scope.params.is_empty() || scope.has_self {
+            message.push_str(&format!("; {}", scope.describe()));
+        }
+        return Err(message);
+    }
     if bare_root == "self" {
         if !scope.has_self {
             return Err(format!(
@@ -360,6 +379,7 @@ mod tests {
             params: vec!["id".into(), "order".into(), "type".into()],
             has_self: true,
             async_trait: false,
+            unnamed: 0,
         }
     }
 
@@ -434,10 +454,49 @@ mod tests {
             params: vec!["id".into()],
             has_self: false,
             async_trait: false,
+            unnamed: 0,
         };
         let errors = parse_template("{self.id}", &scope)
             .err()
             .unwrap_or_default();
         assert!(errors[0].message.contains("no `self` receiver"));
+    }
+
+    #[test]
+    fn underscore_parameters_cannot_be_named() {
+        // `async fn f(_: u64)`: a parameter that binds no name.
+        let unnamed = Scope {
+            unnamed: 1,
+            ..Scope::default()
+        };
+        let errors = parse_template("x:{_}", &unnamed).err().unwrap_or_default();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].message.contains("`_` cannot be named"),
+            "{errors:?}"
+        );
+        assert!(errors[0].message.contains("`id: u64`"), "{errors:?}");
+        assert!(!errors[0].message.contains("no parameters"), "{errors:?}");
+        assert_eq!(errors[0].range, 2..5);
+        let errors = parse_template("x:<_>", &unnamed).err().unwrap_or_default();
+        assert!(errors[0].message.contains("write `<id>`"), "{errors:?}");
+        // Naming something else: the function has parameters, just no named ones.
+        let errors = parse_template("x:{id}", &unnamed).err().unwrap_or_default();
+        assert!(
+            errors[0]
+                .message
+                .contains("no parameter of this function has a name")
+        );
+        assert!(
+            !errors[0].message.contains("has no parameters"),
+            "{errors:?}"
+        );
+        // Alongside named parameters, those are listed.
+        let errors = parse_template("{_}", &scope()).err().unwrap_or_default();
+        assert!(
+            errors[0]
+                .message
+                .contains("the parameters are: `self`, `id`")
+        );
     }
 }

@@ -87,6 +87,7 @@ use proc_macro::TokenStream;
 /// `<` and `>`; any other `<` is literal text, and `<<` is a literal `<`). Format specs
 /// (`{id:?}`), positional placeholders (`{}`, `{0}`) and method calls (`{id.len()}`) are not
 /// allowed; for those, use an expression key: `key = format!("user:{}", name.to_lowercase())`.
+/// A parameter written `_` cannot be named: give it a name.
 ///
 /// # Return types
 ///

@@ -32,7 +32,13 @@ pub(crate) fn scope_of(func: &ItemFn) -> Scope {
     for input in &func.sig.inputs {
         match input {
             FnArg::Receiver(_) => scope.has_self = true,
-            FnArg::Typed(typed) => collect_bindings(&typed.pat, &mut scope.params),
+            FnArg::Typed(typed) => {
+                let before = scope.params.len();
+                collect_bindings(&typed.pat, &mut scope.params);
+                if scope.params.len() == before {
+                    scope.unnamed += 1;
+                }
+            }
         }
     }
     scope
