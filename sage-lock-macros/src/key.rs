@@ -176,7 +176,11 @@ pub(crate) fn parse_template(
                             push_placeholder(&mut segments, &mut literal, placeholder);
                         }
                         Err(message) => errors.push(TemplateError {
-                            message,
+                            // It may be text that only looks like a placeholder (`<body>`).
+                            message: format!(
+                                "{message}; if `<{body}>` is meant as text, write `<<{body}>` \
+                                 (`<<` is a literal `<`)"
+                            ),
                             range: start..end + 1,
                         }),
                     }
@@ -446,6 +450,16 @@ mod tests {
         assert!(messages("account:{id")[0].contains("unclosed `{`"));
         assert!(messages("{ordr}")[0].contains("did you mean `order`?"));
         assert!(messages("<idd>")[0].contains("did you mean `id`?"));
+        // Card notation: text that only looks like a placeholder is told about `<<`.
+        let errors = messages("html:<body>:{id}");
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].contains("`<body>` names no parameter"),
+            "{errors:?}"
+        );
+        assert!(errors[0].contains("write `<<body>`"), "{errors:?}");
+        assert!(messages("html:<<body>:{id}").is_empty());
+        assert!(!messages("{nope}")[0].contains("<<"));
     }
 
     #[test]

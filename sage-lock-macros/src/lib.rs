@@ -84,7 +84,8 @@ use proc_macro::TokenStream;
 /// as `format!` would, so `"account:{id}"` with `id = 42` is the same key as the string
 /// `"account:42"` given to `Locks<String>` by hand. `{{` and `}}` are literal braces. The card
 /// notation `"account:<id>"` is the same placeholder as `"account:{id}"` (an identifier between
-/// `<` and `>`; any other `<` is literal text, and `<<` is a literal `<`). Format specs
+/// `<` and `>`, which must name a parameter; any other `<` is literal text, and `<<` is a literal
+/// `<`: `"html:<<body>:{id}"` gives `html:<body>:42`). Format specs
 /// (`{id:?}`), positional placeholders (`{}`, `{0}`) and method calls (`{id.len()}`) are not
 /// allowed; for those, use an expression key: `key = format!("user:{}", name.to_lowercase())`.
 /// A parameter written `_` cannot be named: give it a name.
