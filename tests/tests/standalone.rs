@@ -291,6 +291,38 @@ async fn the_wrong_kind_of_server_is_named() {
     );
 }
 
+/// `command_timeout(Duration::MAX)` ("no timeout") is accepted, and no call adds it to the clock
+/// unchecked: the operator tools panicked with "overflow when adding duration to instant".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unbounded_command_timeout_panics_nowhere() {
+    let server = Server::start(ServerKind::Redis);
+    let client = LockClient::builder()
+        .url(&server.url())
+        .command_timeout(Duration::MAX)
+        .connect()
+        .await
+        .expect("connect");
+    let locks: Locks<str> = client
+        .lock_with(LockOptions::new().namespace("max-timeout"))
+        .expect("opts");
+    let inside = locks
+        .with_lock("k", Duration::MAX, async {
+            locks.is_locked("k").await.expect("is_locked")
+        })
+        .await
+        .expect("lock");
+    assert!(inside, "is_locked inside the body");
+    assert!(locks.holder("k").await.expect("holder").is_none());
+    assert!(locks.scan().await.expect("scan").is_empty());
+    assert!(!locks.force_unlock("k").await.expect("force_unlock"));
+    drop(
+        client
+            .dedicated_connection(Duration::MAX)
+            .await
+            .expect("loan"),
+    );
+}
+
 /// The server going away mid-wait gives `TimedOut(Unavailable)` within the wait plus cleanup,
 /// never a hang; once it is back, locking works again without a new client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

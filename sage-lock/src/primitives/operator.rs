@@ -140,7 +140,7 @@ impl<K: ?Sized> Locks<K> {
     }
 
     fn deadline(&self) -> Instant {
-        Instant::now() + self.engine.conn.command_timeout
+        crate::retry::deadline_after(self.engine.conn.command_timeout)
     }
 
     async fn inspect(&self, keys: &LockKeys) -> Result<Inspected, LockError> {

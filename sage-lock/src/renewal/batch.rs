@@ -238,7 +238,8 @@ impl Batch {
             )
             .await;
         let outcomes: Vec<Outcome> = match result {
-            Ok((Value::Array(flags), Ack::Confirmed, _)) => flags
+            // One flag per lease, in order; any other reply is unexpected (retried below).
+            Ok((Value::Array(flags), Ack::Confirmed, _)) if flags.len() == self.ids.len() => flags
                 .iter()
                 .map(|flag| match flag.as_i64() {
                     Some(1) => Outcome::Renewed,
