@@ -21,6 +21,7 @@ mod server;
 pub mod tls;
 mod topology;
 
+use std::any::Any;
 use std::sync::OnceLock;
 
 pub use captured::Captured;
@@ -90,4 +91,14 @@ pub async fn hold_by_hand(
     });
     entered_rx.await.expect("the hand-held lock was acquired");
     (release_tx, holder)
+}
+
+/// The message of a panic payload (`panic!("...")` with or without formatting arguments), e.g.
+/// from a joined task's `JoinError::into_panic`.
+#[must_use]
+pub fn panic_message(payload: &(dyn Any + Send)) -> Option<&str> {
+    payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
 }

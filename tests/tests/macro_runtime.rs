@@ -584,10 +584,7 @@ async fn panicking_body_propagates_and_releases() {
             .expect_err("the panic reaches the caller");
         assert!(error.is_panic(), "{}: {error}", kind.name());
         let payload = error.into_panic();
-        let message = payload
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| payload.downcast_ref::<&str>().copied());
+        let message = harness::panic_message(&*payload);
         let expected = format!("job {id} blew up");
         assert_eq!(message, Some(expected.as_str()), "{}", kind.name());
         let panicked = Instant::now();

@@ -61,6 +61,25 @@ async fn hold(
     (token, release_tx, task)
 }
 
+/// Joins a [`hold`] task whose lock was force-unlocked: within 3 s (its next renewal) its body
+/// is cancelled with `LockLost(NotOwner)`.
+async fn lost_as_not_owner(name: &str, task: JoinHandle<Result<(), LockError>>) {
+    let outcome = tokio::time::timeout(Duration::from_secs(3), task)
+        .await
+        .expect("the holder noticed in time")
+        .expect("holder task");
+    assert!(
+        matches!(
+            outcome,
+            Err(LockError::LockLost {
+                reason: LossReason::NotOwner,
+                ..
+            })
+        ),
+        "{name}: {outcome:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn is_locked_and_holder() {
     for target in targets() {
@@ -122,20 +141,7 @@ async fn force_unlock_takes_the_lock_from_its_holder() {
             "{name}"
         );
         // The holder finds out at its next renewal: its body is cancelled.
-        let outcome = tokio::time::timeout(Duration::from_secs(3), task)
-            .await
-            .expect("the holder noticed in time")
-            .expect("holder task");
-        assert!(
-            matches!(
-                outcome,
-                Err(LockError::LockLost {
-                    reason: LossReason::NotOwner,
-                    ..
-                })
-            ),
-            "{name}: {outcome:?}"
-        );
+        lost_as_not_owner(&name, task).await;
         // And the lock is free for others.
         assert_eq!(
             locks.try_with_lock("k", async { 1 }).await.expect("try"),
@@ -145,20 +151,7 @@ async fn force_unlock_takes_the_lock_from_its_holder() {
         let (_token, _release, task) = hold(&locks, "k").await;
         assert!(locks.force_unlock("k").await.expect("force"), "{name}");
         assert!(!locks.is_locked("k").await.expect("is_locked"), "{name}");
-        let outcome = tokio::time::timeout(Duration::from_secs(3), task)
-            .await
-            .expect("the holder noticed in time")
-            .expect("holder task");
-        assert!(
-            matches!(
-                outcome,
-                Err(LockError::LockLost {
-                    reason: LossReason::NotOwner,
-                    ..
-                })
-            ),
-            "{name}: {outcome:?}"
-        );
+        lost_as_not_owner(&name, task).await;
         assert!(!locks.force_unlock("k").await.expect("free"), "{name}");
     }
 }

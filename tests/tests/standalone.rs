@@ -163,10 +163,7 @@ async fn panicking_body_propagates_and_releases() {
         let error = task.await.expect_err("the panic reaches the caller");
         assert!(error.is_panic(), "{}: {error}", kind.name());
         let payload = error.into_panic();
-        let message = payload
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| payload.downcast_ref::<&str>().copied());
+        let message = harness::panic_message(&*payload);
         assert_eq!(message, Some("the body gave up on k"), "{}", kind.name());
         let panicked = Instant::now();
         while exists(&key) && panicked.elapsed() < Duration::from_secs(5) {
