@@ -272,8 +272,10 @@ fn counter(snapshot: &[Sample], name: &str, namespace: &str) -> u64 {
         .sum()
 }
 
-/// Acquire, busy retry, renew, release, timeout and loss each emit a tracing event carrying the
-/// key and namespace, and count in the metrics facade and in `LockClient::stats`.
+/// Acquire, busy retry, renew, release, timeout, loss and a hand-off on the server each emit a
+/// tracing event carrying the key and namespace (README, Observability: `lock not acquired yet;
+/// waiting` among them), and count in the metrics facade (`sage_lock_handoffs_total` among them)
+/// and in `LockClient::stats`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_and_metrics_fire() {
     let (captured, snapshotter) = observers();
@@ -321,6 +323,52 @@ async fn events_and_metrics_fire() {
             })
             .await;
         assert!(matches!(lost, Err(LockError::LockLost { .. })), "{lost:?}");
+        // hand-off: a waiter on another client (another process) queues, and the release hands
+        // it the lock on the server
+        let other = LockClient::connect(&harness::shared(kind).url())
+            .await
+            .expect("connect");
+        // A long lease, so that the waiter polls only every 500 ms (a poll bounded by a short
+        // lease could find its grant before the message does).
+        let long = || {
+            LockOptions::new()
+                .namespace(ns.as_str())
+                .lease(Duration::from_secs(5))
+        };
+        let other_locks: Locks<str> = other.lock_with(long()).expect("opts");
+        let holder: Locks<str> = client.lock_with(long()).expect("opts");
+        let queue = format!("{{{ns}:handoff}}:queue");
+        let mut waiter = None;
+        holder
+            .with_lock("handoff", Duration::from_secs(1), async {
+                waiter = Some(tokio::spawn(async move {
+                    other_locks
+                        .with_lock("handoff", Duration::from_secs(5), async {})
+                        .await
+                }));
+                let queued = std::time::Instant::now();
+                while harness::shared(kind)
+                    .cmd(&["LLEN", &queue])
+                    .ok()
+                    .and_then(|r| r.as_int())
+                    .unwrap_or(0)
+                    < 1
+                {
+                    assert!(queued.elapsed() < Duration::from_secs(5), "never queued");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                // Past the attempt that follows subscribing, well before the next poll (500 ms).
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            })
+            .await
+            .expect("holder");
+        waiter
+            .expect("the holder spawned the waiter")
+            .await
+            .expect("waiter task")
+            .expect("waiter");
+        assert_eq!(other.stats().handoffs, 1, "{:?}", other.stats());
+        other.quit().await;
 
         let events: Vec<String> = captured.0.lock().map(|e| e.clone()).unwrap_or_default();
         let mine: Vec<&String> = events.iter().filter(|e| e.contains(&ns)).collect();
@@ -330,6 +378,7 @@ async fn events_and_metrics_fire() {
             "lock released",
             "timed out",
             "lock lost",
+            "lock not acquired yet; waiting",
         ] {
             assert!(
                 mine.iter()
@@ -340,8 +389,9 @@ async fn events_and_metrics_fire() {
         }
         let snapshot: Vec<Sample> = snapshotter.snapshot().into_vec();
         for (metric, at_least) in [
-            ("sage_lock_acquisitions_total", 3),
+            ("sage_lock_acquisitions_total", 5),
             ("sage_lock_busy_retries_total", 1),
+            ("sage_lock_handoffs_total", 1),
             ("sage_lock_timeouts_total", 1),
             ("sage_lock_renewals_total", 2),
             ("sage_lock_losses_total", 1),
@@ -359,7 +409,7 @@ async fn events_and_metrics_fire() {
         let stats = client.stats();
         assert_eq!(
             (stats.acquisitions, stats.timeouts, stats.losses),
-            (3, 1, 1),
+            (4, 1, 1),
             "{stats:?}"
         );
         assert!(stats.renewals >= 2 && stats.busy_retries >= 1, "{stats:?}");

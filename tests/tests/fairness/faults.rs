@@ -251,3 +251,63 @@ async fn queued_waiter_survives_failover() {
         );
     }
 }
+
+/// README, Server-side layout / Fair waiting: the queue's keys (`{ns:k}:queue`, `{ns:k}:waiters`)
+/// "expire 4 s after the last attempt that refreshed them": a waiter process killed while queued
+/// leaves neither key behind, even while the lock stays held (and renewed) all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_waiters_queue_keys_expire_within_four_seconds() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let ns = ns("queue-expiry", kind);
+        let holder = connect(&server.url()).await;
+        let (release, held) = hold(&locks(&holder, &ns), "k").await;
+        let child = queued_process(&server.url(), server.port(), &ns, None).await;
+        let keys = [format!("{{{ns}:k}}:queue"), format!("{{{ns}:k}}:waiters")];
+        for key in &keys {
+            let pttl = server
+                .cmd(&["PTTL", key])
+                .ok()
+                .and_then(|r| r.as_int())
+                .unwrap_or(-3);
+            assert!(
+                pttl > 0 && pttl <= 4000,
+                "{}: {key} has PTTL {pttl} ms while a waiter is queued",
+                kind.name()
+            );
+        }
+        kill(child).await;
+        let killed_at = Instant::now();
+        let exists = |key: &str| {
+            server
+                .cmd(&["EXISTS", key])
+                .ok()
+                .and_then(|r| r.as_int())
+                .unwrap_or(-1)
+        };
+        while keys.iter().any(|key| exists(key) != 0) {
+            assert!(
+                killed_at.elapsed() < Duration::from_millis(5500),
+                "{}: the dead waiter's queue keys outlived 4 s (PTTL {:?})",
+                kind.name(),
+                keys.iter()
+                    .map(|key| server.cmd(&["PTTL", key]).ok().and_then(|r| r.as_int()))
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        println!(
+            "{}: queue keys gone {:?} after the waiter was killed",
+            kind.name(),
+            killed_at.elapsed()
+        );
+        assert!(
+            !held.is_finished(),
+            "{}: the holder still holds the lock",
+            kind.name()
+        );
+        release.send(()).expect("release");
+        held.await.expect("holder");
+        holder.quit().await;
+    }
+}
