@@ -881,3 +881,43 @@ async fn uncontended_releases_announce_nothing() {
         );
     }
 }
+
+/// README, Semantics: "Release: compare-and-delete, bounded to 1 s." A server that stops
+/// answering as the body ends (SIGSTOP) does not hold `with_lock` up for the command timeout
+/// (5 s by default): the body's value comes back about a second later, and the lease expires on
+/// the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_to_a_stalled_server_is_bounded_to_a_second() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("release-bound")
+                    .lease(Duration::from_secs(10)),
+            )
+            .expect("opts");
+        let mut body_ended = None;
+        let result = locks
+            .with_lock("k", Duration::from_secs(2), async {
+                server.pause();
+                body_ended = Some(Instant::now());
+                7
+            })
+            .await;
+        let returned = Instant::now();
+        server.resume();
+        let took = returned - body_ended.expect("the body ran");
+        println!(
+            "{}: release to a stalled server -> {result:?} after {took:?}",
+            kind.name()
+        );
+        assert_eq!(result.expect("the body's value"), 7, "{}", kind.name());
+        assert!(
+            took < Duration::from_millis(1700),
+            "{}: with_lock returned {took:?} after the body ended (release bounded to 1 s)",
+            kind.name()
+        );
+    }
+}

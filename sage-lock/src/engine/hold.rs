@@ -236,22 +236,21 @@ async fn release_now(
     granted_by: Option<&Server>,
     plain: bool,
 ) {
+    // One bound for the whole release, the quick attempt and the script together.
+    let deadline = Instant::now() + RELEASE_TIMEOUT;
     if plain
         && keep_for.is_none()
         && let Some(key) = rules.plain_release_key(keys)
-    {
-        let deadline = Instant::now() + RELEASE_TIMEOUT;
-        if engine
+        && engine
             .conn
             .delete_if_equal(&key, keys.slot, token, deadline)
             .await
             == Some(true)
-        {
-            // Nobody queued on the server; a local task may wait without queueing.
-            engine.waiters.wake_one(&keys.lock);
-            engine.conn.stats.record(metrics, Event::Release);
-            return;
-        }
+    {
+        // Nobody queued on the server; a local task may wait without queueing.
+        engine.waiters.wake_one(&keys.lock);
+        engine.conn.stats.record(metrics, Event::Release);
+        return;
     }
     let call = match keep_for {
         Some(keep_for) => rules.shorten_call(keys, token, keep_for),
@@ -261,7 +260,7 @@ async fn release_now(
     let sent = std::time::Instant::now();
     let outcome = engine
         .conn
-        .run_on_primary(&call, Instant::now() + RELEASE_TIMEOUT, granted_by)
+        .run_on_primary(&call, deadline, granted_by)
         .await
         .and_then(|reply| Ok(parse_release(&reply)?));
     if keep_for.is_none() {
