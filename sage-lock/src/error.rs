@@ -203,9 +203,46 @@ impl fmt::Display for LossReason {
     }
 }
 
+/// One failed renewal attempt whose lease is still usable, for the "renewal failed, retrying"
+/// event: the attempt's own failure, without the loss wording it would get if the lease ran out.
+pub(crate) struct AttemptFailure<'a>(pub(crate) &'a LossReason);
+
+impl fmt::Display for AttemptFailure<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            LossReason::RenewalFailed(last) => f.write_str(last),
+            LossReason::NotAcknowledged {
+                acknowledged,
+                required,
+            } => write!(
+                f,
+                "only {acknowledged} of {required} replicas acknowledged the renewal"
+            ),
+            other => other.fmt(f),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retried_renewal_is_not_reported_as_a_loss() {
+        let timeout = LossReason::RenewalFailed("Timeout Error: no reply".into());
+        assert_eq!(
+            AttemptFailure(&timeout).to_string(),
+            "Timeout Error: no reply"
+        );
+        let short = LossReason::NotAcknowledged {
+            acknowledged: 0,
+            required: 1,
+        };
+        assert_eq!(
+            AttemptFailure(&short).to_string(),
+            "only 0 of 1 replicas acknowledged the renewal"
+        );
+    }
 
     #[test]
     fn display_names_key_namespace_and_reason() {

@@ -369,9 +369,19 @@ async fn events_and_metrics_fire() {
             .expect("waiter");
         assert_eq!(other.stats().handoffs, 1, "{:?}", other.stats());
         other.quit().await;
+        let flaky = transient_failures_are_retried(kind, &ns).await;
 
         let events: Vec<String> = captured.0.lock().map(|e| e.clone()).unwrap_or_default();
         let mine: Vec<&String> = events.iter().filter(|e| e.contains(&ns)).collect();
+        assert!(
+            mine.iter().any(|e| e.contains("renewal failed, retrying")
+                && e.contains("key=flaky")
+                && e.contains("no reply before the deadline")
+                && !e.contains("lease ran out")),
+            "{}: no `renewal failed, retrying` event naming the key and the attempt's timeout \
+             (and not a loss) among {mine:#?}",
+            kind.name()
+        );
         for wanted in [
             "lock acquired",
             "lease renewed",
@@ -395,6 +405,8 @@ async fn events_and_metrics_fire() {
             ("sage_lock_timeouts_total", 1),
             ("sage_lock_renewals_total", 2),
             ("sage_lock_losses_total", 1),
+            ("sage_lock_transient_retries_total", 1),
+            ("sage_lock_renewal_failures_total", 1),
             ("sage_lock_releases_total", 2),
             ("sage_lock_wait_seconds", 3),
             ("sage_lock_hold_seconds", 3),
@@ -413,5 +425,65 @@ async fn events_and_metrics_fire() {
             "{stats:?}"
         );
         assert!(stats.renewals >= 2 && stats.busy_retries >= 1, "{stats:?}");
+        assert!(
+            flaky.transient_retries >= 1 && flaky.renewal_failures >= 1,
+            "{}: {flaky:?}",
+            kind.name()
+        );
     }
+}
+
+/// On a server of its own that stops answering for a while (SIGSTOP): an acquisition made
+/// while it is stopped is retried until it answers again, and a renewal that times out is
+/// retried and keeps the lease. Returns that client's counters.
+async fn transient_failures_are_retried(kind: ServerKind, ns: &str) -> sage_lock::LockStats {
+    let server = harness::Server::start(kind);
+    let client = LockClient::builder()
+        .url(&server.url())
+        .command_timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .expect("connect");
+    let locks: Locks<str> = client
+        .lock_with(
+            LockOptions::new()
+                .namespace(ns)
+                .lease(Duration::from_millis(1500)),
+        )
+        .expect("opts");
+    server.pause();
+    let acquiring = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks
+                .with_lock("flaky", Duration::from_secs(5), async {})
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.resume();
+    acquiring
+        .await
+        .expect("acquiring task")
+        .expect("acquired once the server answered again");
+    // The first renewal is due 500 ms in (a third of the lease); the server is stopped from
+    // 300 ms to 900 ms, so it times out (200 ms) and is retried well inside the usable lease.
+    let held = locks
+        .with_lock("flaky", Duration::from_secs(2), async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            server.pause();
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            server.resume();
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+        })
+        .await;
+    server.resume();
+    assert!(
+        held.is_ok(),
+        "{}: the lease was lost over a 600 ms stall: {held:?}",
+        kind.name()
+    );
+    let stats = client.stats();
+    client.quit().await;
+    stats
 }

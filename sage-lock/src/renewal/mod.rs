@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::connection::Connection;
-use crate::error::LossReason;
+use crate::error::{AttemptFailure, LossReason};
 use crate::lease::drift;
 use crate::observe::Event;
 use crate::retry::Backoff;
@@ -295,7 +295,8 @@ impl Shared {
             Outcome::Retry(problem) => {
                 client.stats.record(&metrics, Event::RenewalFailure);
                 let lease = &entry.renewal.lease;
-                tracing::debug!(key = %lease.key(), namespace = %lease.namespace(), %problem, "renewal failed, retrying");
+                let error = AttemptFailure(&problem);
+                tracing::debug!(key = %lease.key(), namespace = %lease.namespace(), %error, "renewal failed, retrying");
                 let left = entry.renewal.lease.remaining();
                 entry.last_problem = Some(problem);
                 if left.is_zero() {
