@@ -12,6 +12,7 @@ use fred::types::Builder;
 use fred::types::config::{Config, ReconnectPolicy};
 
 use crate::client::LockClient;
+use crate::connection::Startup;
 use crate::error::LockError;
 use crate::tls;
 use crate::topology::Deployment;
@@ -64,7 +65,11 @@ impl LockClient {
     /// clone is dropped. The deployment is read from the configuration; to declare a plain
     /// server replicated, use `LockClient::builder().fred_client(&client).replicated(true)`.
     ///
-    /// Call it inside a Tokio runtime: the connection starts at once, in the background.
+    /// Needs no Tokio runtime. Called inside one, it starts connecting at once, in the
+    /// background; called outside one (in a plain `fn main` before `block_on`, in a `LazyLock`
+    /// initializer), it connects on the client's first use inside a runtime: the first lock or
+    /// operator call (or [`LockClient::fred`]) starts the connection and waits for it, within
+    /// its own deadline.
     #[must_use]
     pub fn from_fred(client: Client) -> LockClient {
         let deployment = Deployment::of(&client.client_config().server);
@@ -79,19 +84,21 @@ impl LockClient {
             tracing::warn!("could not rebuild the fred client; using it as configured");
             return LockClient::from_parts(
                 client,
-                None,
+                Startup::Started(None),
                 deployment,
                 DEFAULT_MAX_CONNECTIONS,
                 settings.command_timeout,
                 settings.renewal_batch_limit,
             );
         };
-        let task = tokio::runtime::Handle::try_current()
-            .ok()
-            .map(|_| fred.connect());
+        // The rebuilt client is new and unconnected, whether or not `client` was connected.
+        let startup = match tokio::runtime::Handle::try_current() {
+            Ok(_) => Startup::Started(Some(fred.connect())),
+            Err(_) => Startup::OnFirstUse,
+        };
         LockClient::from_parts(
             fred,
-            task,
+            startup,
             deployment,
             DEFAULT_MAX_CONNECTIONS,
             settings.command_timeout,
@@ -450,7 +457,7 @@ impl LockClientBuilder {
         }
         Ok(LockClient::from_parts(
             fred,
-            task,
+            Startup::Started(task),
             deployment,
             self.max_connections,
             self.command_timeout,

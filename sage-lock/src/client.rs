@@ -7,7 +7,7 @@ use std::time::Duration;
 use fred::clients::Client;
 use fred::error::Error;
 
-use crate::connection::Connection;
+use crate::connection::{Connection, Startup};
 use crate::engine::Engine;
 use crate::error::LockError;
 use crate::key::{KeyCodec, LockKeys};
@@ -51,13 +51,13 @@ impl fmt::Debug for LockClient {
 impl LockClient {
     pub(crate) fn from_parts(
         fred: Client,
-        task: Option<fred::types::ConnectHandle>,
+        startup: Startup,
         deployment: Deployment,
         max_connections: usize,
         command_timeout: Duration,
         renewal_batch_limit: usize,
     ) -> LockClient {
-        let conn = Connection::new(fred, task, deployment, max_connections, command_timeout);
+        let conn = Connection::new(fred, startup, deployment, max_connections, command_timeout);
         LockClient {
             inner: Arc::new(Engine::new(conn, renewal_batch_limit)),
         }
@@ -161,10 +161,11 @@ impl LockClient {
     /// The underlying fred client (shared connection), for commands of your own. It has the
     /// settings of [`LockClient::from_fred`]: in a cluster, a `MOVED` or `ASK` reply comes back
     /// as an error (`ErrorKind::Routing`, after fred refreshed its routing for `MOVED`) instead
-    /// of being followed.
+    /// of being followed. Called inside a Tokio runtime, it starts the connection of a client
+    /// [`LockClient::from_fred`] made outside one.
     #[must_use]
     pub fn fred(&self) -> &Client {
-        &self.inner.conn.fred
+        self.inner.conn.fred()
     }
 
     /// Counters of this client's lock activity.

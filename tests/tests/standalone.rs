@@ -921,3 +921,119 @@ async fn a_release_to_a_stalled_server_is_bounded_to_a_second() {
         );
     }
 }
+
+/// `LockClient::from_fred` called outside any Tokio runtime (a plain `fn main` before
+/// `block_on`, a `LazyLock` initializer) starts its connection on first use inside a runtime:
+/// whichever call comes first (an operator call, a lock, a command on `LockClient::fred`), it
+/// answers at once instead of timing out. A fred client the caller connected themselves is left
+/// untouched (the lock client opens its own connection) and keeps working after `quit`.
+#[test]
+fn from_fred_outside_a_runtime_connects_on_first_use() {
+    use sage_lock::fred::interfaces::ClientLike as _;
+    use sage_lock::fred::types::Builder;
+    use sage_lock::fred::types::config::Config;
+
+    /// Every call below answers in well under this on a healthy local server.
+    const QUICK: Duration = Duration::from_secs(2);
+
+    fn fred_for(url: &str) -> sage_lock::fred::clients::Client {
+        let config = Config::from_url(url).expect("url");
+        Builder::from_config(config)
+            .build()
+            .expect("build a fred client")
+    }
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    }
+    /// `call` within [`QUICK`] (bounded at 3× that so a hang fails instead of stalling).
+    async fn quick<T>(what: &str, call: impl std::future::Future<Output = T>) -> T {
+        let started = Instant::now();
+        let outcome = tokio::time::timeout(3 * QUICK, call).await;
+        let took = started.elapsed();
+        let value = outcome.unwrap_or_else(|_| panic!("{what}: no answer after {took:?}"));
+        println!("{what}: {took:?}");
+        assert!(took < QUICK, "{what}: took {took:?}");
+        value
+    }
+
+    for kind in ServerKind::ALL {
+        let name = kind.name();
+        let url = harness::shared(kind).url();
+        let ns = format!("from-fred-no-rt-{name}-{}", rand::random::<u32>());
+        let options = || LockOptions::new().namespace(&ns);
+
+        // 1. An operator call first, then locks, operator tools and a dedicated connection.
+        let client = LockClient::from_fred(fred_for(&url));
+        runtime().block_on(async {
+            let locks: Locks<str> = client.lock_with(options()).expect("opts");
+            let free = quick("is_locked first", locks.is_locked("k")).await;
+            assert!(!free.unwrap_or_else(|e| panic!("{name}: is_locked: {e}")));
+            let inside = quick(
+                "with_lock",
+                locks.with_lock("k", QUICK, async {
+                    let held = locks.is_locked("k").await.expect("is_locked while held");
+                    let holder = locks.holder("k").await.expect("holder while held");
+                    (held, holder.is_some())
+                }),
+            )
+            .await;
+            let inside = inside.unwrap_or_else(|e| panic!("{name}: with_lock: {e}"));
+            assert_eq!(inside, (true, true), "{name}: is_locked/holder inside");
+            let held = quick("scan", locks.scan()).await.expect("scan");
+            assert!(held.is_empty(), "{name}: released, yet scan found {held:?}");
+            let removed = quick("force_unlock", locks.force_unlock("k")).await;
+            assert!(!removed.expect("force_unlock"), "{name}: nothing to remove");
+            let dedicated = quick("dedicated", client.dedicated_connection(QUICK)).await;
+            let pong: String = dedicated
+                .expect("dedicated")
+                .ping(None)
+                .await
+                .expect("ping");
+            assert_eq!(pong, "PONG");
+            client.quit().await;
+        });
+
+        // 2. A lock first.
+        let client = LockClient::from_fred(fred_for(&url));
+        runtime().block_on(async {
+            let locks: Locks<str> = client.lock_with(options()).expect("opts");
+            let value = quick("with_lock first", locks.with_lock("k2", QUICK, async { 7 })).await;
+            assert_eq!(
+                value.unwrap_or_else(|e| panic!("{name}: with_lock: {e}")),
+                7
+            );
+            client.quit().await;
+        });
+
+        // 3. A fred client the caller connected themselves (in the runtime used below), wrapped
+        //    outside it; a command of one's own on `LockClient::fred` first.
+        let own = fred_for(&url);
+        let runtime = runtime();
+        runtime
+            .block_on(async { own.init().await.map(drop) })
+            .expect("connect the caller's client");
+        let client = LockClient::from_fred(own.clone());
+        runtime.block_on(async {
+            let pong: Result<String, _> = quick("fred() first", client.fred().ping(None)).await;
+            assert_eq!(pong.unwrap_or_else(|e| panic!("{name}: ping: {e}")), "PONG");
+            let locks: Locks<str> = client.lock_with(options()).expect("opts");
+            let value = quick("with_lock", locks.with_lock("k3", QUICK, async { 8 })).await;
+            assert_eq!(
+                value.unwrap_or_else(|e| panic!("{name}: with_lock: {e}")),
+                8
+            );
+            client.quit().await;
+            let pong: Result<String, _> = quick("the caller's client", own.ping(None)).await;
+            assert_eq!(
+                pong.unwrap_or_else(|e| panic!("{name}: the caller's client after quit: {e}")),
+                "PONG"
+            );
+            let _ = own.quit().await;
+        });
+        println!("{name}: from_fred outside a runtime: every first call answered in time");
+    }
+}

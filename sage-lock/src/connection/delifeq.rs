@@ -61,7 +61,7 @@ impl Connection {
         );
         let args = vec![Value::Bytes(key.clone()), Value::Bytes(value.clone())];
         // Boxed, as in `run_plain`: fred's command future is large.
-        let fred = self.fred.with_options(&super::CALLER_TIMED);
+        let fred = self.fred().with_options(&super::CALLER_TIMED);
         let delifeq = Box::pin(async move { fred.custom::<Value, Value>(command, args).await });
         match tokio::time::timeout_at(deadline, delifeq).await {
             Ok(Ok(reply)) => reply.as_i64().map(|deleted| deleted == 1),
@@ -86,7 +86,7 @@ impl Connection {
             _ => {}
         }
         let info = Box::pin(
-            self.fred
+            self.fred()
                 .info::<String>(Some(fred::types::InfoKind::Server)),
         );
         let asked = tokio::time::timeout_at(deadline, info).await;

@@ -36,9 +36,18 @@ use verdict::{is_stale_route, judge, not_the_granter, serving_node};
 /// anyway (see its example). A release is a connection-level operation, so the bound lives here.
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How the shared connection's task starts.
+pub(crate) enum Startup {
+    /// Started already (or not ours to start): the handle, if any, is aborted on drop.
+    Started(Option<fred::types::ConnectHandle>),
+    /// Made outside a Tokio runtime: the first use of [`Connection::fred`] inside one starts it.
+    OnFirstUse,
+}
+
 /// What every lock operation of one client shares: connections, deployment, counters.
 pub(crate) struct Connection {
-    pub(crate) fred: Client,
+    /// The shared client: reach it through [`Connection::fred`], which starts its connection.
+    fred: Client,
     pub(crate) deployment: Deployment,
     pub(crate) pool: Arc<DedicatedPool>,
     pub(crate) hints: ReplicaHints,
@@ -46,6 +55,9 @@ pub(crate) struct Connection {
     pub(crate) command_timeout: Duration,
     /// The task driving the shared connection, aborted when the client is dropped.
     task: std::sync::Mutex<Option<fred::types::ConnectHandle>>,
+    /// Whether the shared connection's task was started (or never will be: not ours to start,
+    /// or closed first); until then, [`Connection::fred`] starts it.
+    started: std::sync::atomic::AtomicBool,
     /// Set while a forced reconnection of the shared connection is under way.
     reconnecting: Arc<std::sync::atomic::AtomicBool>,
     /// Whether the server has `DELIFEQ` (Valkey 9+): [`DELIFEQ_UNKNOWN`] until first asked.
@@ -59,11 +71,15 @@ pub(crate) struct Connection {
 impl Connection {
     pub(crate) fn new(
         fred: Client,
-        task: Option<fred::types::ConnectHandle>,
+        startup: Startup,
         deployment: Deployment,
         max_connections: usize,
         command_timeout: Duration,
     ) -> Self {
+        let (task, started) = match startup {
+            Startup::Started(task) => (task, true),
+            Startup::OnFirstUse => (None, false),
+        };
         let pool = Arc::new(DedicatedPool::new(fred.clone(), max_connections));
         Connection {
             sentinel_seed: SentinelSeed::for_client(&fred),
@@ -74,6 +90,7 @@ impl Connection {
             stats: Stats::default(),
             command_timeout,
             task: std::sync::Mutex::new(task),
+            started: std::sync::atomic::AtomicBool::new(started),
             reconnecting: Arc::default(),
             delifeq: std::sync::atomic::AtomicU8::new(DELIFEQ_UNKNOWN),
             closed: Arc::default(),
@@ -82,6 +99,47 @@ impl Connection {
 }
 
 impl Connection {
+    /// The shared client, for commands. A client made outside a Tokio runtime
+    /// ([`Startup::OnFirstUse`]) starts its connection here, once, on the first call inside one
+    /// (not after [`Connection::close`]); after that this is a single atomic load.
+    pub(crate) fn fred(&self) -> &Client {
+        if !self.started.load(std::sync::atomic::Ordering::Acquire) {
+            self.start_shared();
+        }
+        &self.fred
+    }
+
+    /// The shared client as a configuration template for connections of their own (the
+    /// subscriber's): does not start the shared connection.
+    pub(crate) fn template(&self) -> &Client {
+        &self.fred
+    }
+
+    /// Starts the shared connection's task, stored for [`Drop`] to abort; nothing outside a
+    /// runtime (fred spawns the task) or once closed.
+    #[cold]
+    fn start_shared(&self) {
+        use std::sync::atomic::Ordering;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let mut task = self
+            .task
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.started.load(Ordering::Acquire) {
+            return;
+        }
+        if self.closed.load(Ordering::Acquire) {
+            // Closed before first use: never to be started, so later calls skip all this.
+            self.started.store(true, Ordering::Release);
+            return;
+        }
+        tracing::debug!("made outside a Tokio runtime: starting the shared connection now");
+        *task = Some(self.fred.connect());
+        self.started.store(true, Ordering::Release);
+    }
+
     /// After a failed replica check or a lost lock (a failover may be under way): idle
     /// dedicated connections are closed, so the next loans reach the current primary, and the
     /// replica-count guesses start over low; the replica-count floors stay (see
@@ -97,7 +155,7 @@ impl Connection {
         if self.deployment != Deployment::Cluster {
             return None;
         }
-        self.fred.cached_cluster_state()
+        self.fred().cached_cluster_state()
     }
 }
 
@@ -114,7 +172,7 @@ impl Connection {
             return;
         }
         let (fred, flag, closed) = (
-            self.fred.clone(),
+            self.fred().clone(),
             Arc::clone(&self.reconnecting),
             Arc::clone(&self.closed),
         );
@@ -195,23 +253,24 @@ impl Connection {
         granted_by: Option<&Server>,
         cleanup: Option<ScriptCall<'static>>,
     ) -> Result<(Value, Ack, Option<Server>), OpError> {
+        let fred = self.fred();
         let limit = deadline.min(deadline_after(self.command_timeout));
         if !self.deployment.is_replicated() {
-            return match tokio::time::timeout_at(limit, run_plain(&self.fred, call)).await {
+            return match tokio::time::timeout_at(limit, run_plain(fred, call)).await {
                 Ok(result) => Ok((result?, Ack::Confirmed, None)),
                 Err(_) => Err(OpError::Failed(timeout_error())),
             };
         }
         if !replica_ack {
-            let checked = Box::pin(run_checked(&self.fred, &self.hints, call, None));
+            let checked = Box::pin(run_checked(fred, &self.hints, call, None));
             return match tokio::time::timeout_at(limit, checked).await {
                 Ok(result) => {
-                    let node = serving_node(&self.fred, call.slot);
+                    let node = serving_node(fred, call.slot);
                     let judged = result
                         .map_err(|error| {
                             OpError::Failed(not_the_granter(error, node.as_ref(), granted_by))
                         })
-                        .and_then(|checked| judge(checked, &self.fred, node, granted_by));
+                        .and_then(|checked| judge(checked, fred, node, granted_by));
                     // The shared connection reached a node that is not the primary (any more).
                     let reconnect = match &judged {
                         Ok((_, ack, _)) => matches!(ack, Ack::NotPrimary(_)),
@@ -252,12 +311,12 @@ impl Connection {
             .min(deadline_after(self.command_timeout / 2));
         let conn = loan.conn.clone();
         if let Some(seed) = &self.sentinel_seed {
-            Box::pin(seed.seed(&self.fred, &conn, &self.hints, wait_until)).await;
+            Box::pin(seed.seed(fred, &conn, &self.hints, wait_until)).await;
         }
         let in_flight = InFlight {
             loan: Some(loan),
             cleanup,
-            shared: self.fred.clone(),
+            shared: fred.clone(),
         };
         let checked = Box::pin(run_checked(&conn, &self.hints, call, Some(wait_until)));
         let grace = Duration::from_millis(250).min(self.command_timeout);
@@ -300,7 +359,7 @@ impl Connection {
         call: &ScriptCall<'_>,
         deadline: Instant,
     ) -> Result<Value, OpError> {
-        match tokio::time::timeout_at(deadline, run_plain(&self.fred, call)).await {
+        match tokio::time::timeout_at(deadline, run_plain(self.fred(), call)).await {
             Ok(result) => Ok(result?),
             Err(_) => Err(OpError::Failed(timeout_error())),
         }

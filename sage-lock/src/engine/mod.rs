@@ -183,7 +183,7 @@ impl Engine {
         let conn = Arc::new(conn);
         Engine {
             renewer: Renewer::new(Arc::clone(&conn), renewal_batch_limit),
-            notifier: Notifier::new(conn.fred.clone()),
+            notifier: Notifier::new(conn.template().clone()),
             conn,
             waiters: Waiters::default(),
             fences: fences::Fences::default(),

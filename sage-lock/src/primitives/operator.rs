@@ -275,7 +275,7 @@ impl<K: ?Sized> Locks<K> {
             let read = self
                 .engine
                 .conn
-                .fred
+                .fred()
                 .get::<Option<Bytes>, _>(Key::from(keys.lock.clone()));
             let token = match tokio::time::timeout_at(self.deadline(), read).await {
                 Ok(Ok(Some(token))) => token,
@@ -350,7 +350,11 @@ impl<K: ?Sized> Locks<K> {
                     Value::from("COUNT"),
                     Value::Integer(SCAN_COUNT),
                 ];
-                let page = self.engine.conn.fred.custom::<Value, Value>(command, args);
+                let page = self
+                    .engine
+                    .conn
+                    .fred()
+                    .custom::<Value, Value>(command, args);
                 let context = || format!("could not scan the locks of namespace {namespace}");
                 let reply = match tokio::time::timeout_at(self.deadline(), page).await {
                     Ok(Ok(reply)) => reply,
@@ -387,7 +391,7 @@ impl<K: ?Sized> Locks<K> {
 
     /// One slot served by each primary (one primary outside a cluster), to route `SCAN` by.
     fn primaries(&self) -> Vec<u16> {
-        let fred = &self.engine.conn.fred;
+        let fred = self.engine.conn.fred();
         if !fred.is_clustered() {
             return vec![0];
         }
