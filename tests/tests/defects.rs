@@ -858,3 +858,135 @@ async fn a_loan_returned_after_quit_is_closed() {
         drop(client);
     }
 }
+
+/// A client kept across runtimes (a `static`, or the global client of `#[locked]`, used by
+/// several `#[tokio::test]`s, each with a runtime of its own): after the runtime that connected
+/// it shut down, it works on the next one (it failed with "Failed to send command to router"),
+/// and its waiters are still woken by release notifications, not left to their 500 ms poll.
+#[test]
+fn a_client_outlives_the_runtime_that_connected_it() {
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    }
+    for kind in ServerKind::ALL {
+        let url = harness::shared(kind).url();
+        let ns = format!("runtimes-{}", rand::random::<u32>());
+        let options = || {
+            LockOptions::new()
+                .namespace(ns.as_str())
+                .lease(Duration::from_secs(5))
+        };
+        let client = runtime()
+            .block_on(LockClient::connect(&url))
+            .expect("connect");
+        for round in 0..3 {
+            runtime().block_on(async {
+                let name = kind.name();
+                let locks: Locks<str> = client.lock_with(options()).expect("opts");
+                let first = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    locks.with_lock("k", Duration::from_secs(2), async {}),
+                )
+                .await
+                .unwrap_or_else(|_| panic!("{name} round {round}: no answer in 10 s"));
+                assert!(first.is_ok(), "{name} round {round}: {first:?}");
+                // Another client (another process) holds; this client's waiter queues on the
+                // server and subscribes; the release hands over and notifies it.
+                let other = LockClient::connect(&url).await.expect("connect");
+                let holder: Locks<str> = other.lock_with(options()).expect("opts");
+                let (held, is_held) = tokio::sync::oneshot::channel();
+                let holding = tokio::spawn(async move {
+                    holder
+                        .with_lock("contended", Duration::from_secs(2), async {
+                            let _ = held.send(());
+                            // Released 100 ms in: a waiter that misses its notification finds
+                            // the lock at its next poll, ~500 ms in.
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            Instant::now()
+                        })
+                        .await
+                });
+                is_held.await.expect("the holder took the lock");
+                let took = locks
+                    .with_lock("contended", Duration::from_secs(5), async {
+                        Instant::now()
+                    })
+                    .await
+                    .unwrap_or_else(|e| panic!("{name} round {round}: waiter: {e}"));
+                let released = holding
+                    .await
+                    .expect("holder task")
+                    .unwrap_or_else(|e| panic!("{name} round {round}: holder: {e}"));
+                let gap = took.saturating_duration_since(released);
+                println!(
+                    "{name} round {round}: the waiter took the lock {gap:?} after the release"
+                );
+                assert!(
+                    gap < Duration::from_millis(250),
+                    "{name} round {round}: the waiter took the lock {gap:?} after the release \
+                     (not woken by its notification)"
+                );
+                other.quit().await;
+            });
+        }
+        runtime().block_on(client.quit());
+    }
+}
+
+/// A client dropped without `quit` after its waiters opened a subscriber connection closes that
+/// one too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_client_closes_its_subscriber_connection() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let port = server.port();
+        let baseline = connected_clients(port);
+        let options = || {
+            LockOptions::new()
+                .namespace("dropped-subscriber")
+                .lease(Duration::from_secs(5))
+        };
+        let waiter = LockClient::connect(&server.url()).await.expect("connect");
+        let holder = LockClient::connect(&server.url()).await.expect("connect");
+        let waiting: Locks<str> = waiter.lock_with(options()).expect("opts");
+        let holding: Locks<str> = holder.lock_with(options()).expect("opts");
+        let (held, is_held) = tokio::sync::oneshot::channel();
+        let hold = tokio::spawn(async move {
+            holding
+                .with_lock("k", Duration::from_secs(2), async {
+                    let _ = held.send(());
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                })
+                .await
+        });
+        is_held.await.expect("held");
+        waiting
+            .with_lock("k", Duration::from_secs(5), async {})
+            .await
+            .expect("the waiter's turn");
+        hold.await.expect("holder task").expect("holder");
+        holder.quit().await;
+        let open = connected_clients(port);
+        drop(waiting);
+        drop(waiter);
+        let left = settle_clients(port, baseline, Duration::from_secs(5)).await;
+        println!(
+            "{}: baseline {baseline}, with the waiter's client {open}, after dropping it {left}",
+            kind.name()
+        );
+        assert!(
+            open >= baseline + 2,
+            "{}: {open} open: the waiter had no subscriber connection",
+            kind.name()
+        );
+        assert!(
+            left <= baseline,
+            "{}: a dropped LockClient left {} connections open",
+            kind.name(),
+            left - baseline
+        );
+    }
+}

@@ -41,6 +41,15 @@ fn global_client_from_sage_lock_url() {
     }
 }
 
+/// Connected lazily in one runtime, the global client serves the next ones (each
+/// `#[tokio::test]` runs on a runtime of its own).
+#[test]
+fn global_client_serves_one_runtime_after_another() {
+    for kind in ServerKind::ALL {
+        run_scenario("runtimes", &[(URL_VARIABLE, harness::shared(kind).url())]);
+    }
+}
+
 #[test]
 fn global_client_installed_with_service_defaults() {
     for kind in ServerKind::ALL {

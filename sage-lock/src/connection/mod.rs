@@ -100,13 +100,24 @@ impl Connection {
 
 impl Connection {
     /// The shared client, for commands. A client made outside a Tokio runtime
-    /// ([`Startup::OnFirstUse`]) starts its connection here, once, on the first call inside one
-    /// (not after [`Connection::close`]); after that this is a single atomic load.
+    /// ([`Startup::OnFirstUse`]) starts its connection here, on the first call inside one; a
+    /// connection whose task ended without [`Connection::close`] (the runtime that ran it shut
+    /// down, as each `#[tokio::test]`'s does, or a reconnect policy gave up) is started again on
+    /// the current runtime. Otherwise this is an atomic load and an uncontended `try_lock`.
     pub(crate) fn fred(&self) -> &Client {
-        if !self.started.load(std::sync::atomic::Ordering::Acquire) {
+        if !self.started.load(std::sync::atomic::Ordering::Acquire) || self.driver_ended() {
             self.start_shared();
         }
         &self.fred
+    }
+
+    /// Whether the task that drives the shared connection has ended (a check already under way
+    /// elsewhere counts as no).
+    fn driver_ended(&self) -> bool {
+        self.task.try_lock().is_ok_and(|task| {
+            task.as_ref()
+                .is_some_and(fred::types::ConnectHandle::is_finished)
+        })
     }
 
     /// The shared client as a configuration template for connections of their own (the
@@ -115,8 +126,8 @@ impl Connection {
         &self.fred
     }
 
-    /// Starts the shared connection's task, stored for [`Drop`] to abort; nothing outside a
-    /// runtime (fred spawns the task) or once closed.
+    /// Starts the shared connection's task (again, if it ended), stored for [`Drop`] to abort;
+    /// nothing outside a runtime (fred spawns the task) or once closed.
     #[cold]
     fn start_shared(&self) {
         use std::sync::atomic::Ordering;
@@ -127,15 +138,25 @@ impl Connection {
             .task
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if self.started.load(Ordering::Acquire) {
+        let ended = task
+            .as_ref()
+            .is_some_and(fred::types::ConnectHandle::is_finished);
+        if self.started.load(Ordering::Acquire) && !ended {
             return;
         }
         if self.closed.load(Ordering::Acquire) {
-            // Closed before first use: never to be started, so later calls skip all this.
+            // Closed: never to be started again, so later calls skip all this.
             self.started.store(true, Ordering::Release);
+            *task = None;
             return;
         }
-        tracing::debug!("made outside a Tokio runtime: starting the shared connection now");
+        if ended {
+            tracing::debug!(
+                "the shared connection's task ended (its runtime shut down?): connecting again"
+            );
+        } else {
+            tracing::debug!("made outside a Tokio runtime: starting the shared connection now");
+        }
         *task = Some(self.fred.connect());
         self.started.store(true, Ordering::Release);
     }

@@ -52,6 +52,15 @@ pub(super) fn is_subscribed(shared: &Shared, channel: &[u8]) -> bool {
         .is_ok_and(|c| c.get(channel).is_some_and(|e| e.subscribed))
 }
 
+/// Marks every channel unsubscribed (its subscriber connection is gone), forgetting those no
+/// waiter watches.
+pub(super) fn forget_subscriptions(shared: &Shared) {
+    if let Ok(mut channels) = shared.channels.lock() {
+        channels.retain(|_, e| !e.watchers.is_empty());
+        channels.values_mut().for_each(|e| e.subscribed = false);
+    }
+}
+
 /// Wakes the local waiter named `head` (storing its grant), once per head (a release's reply
 /// and its message both name it). An empty `head` (a release of a primitive without a queue,
 /// see `Rules::release_announcement`) wakes the channel's waiters, whoever they are, to retry.

@@ -7,13 +7,14 @@ use std::time::Duration;
 use fred::bytes::Bytes;
 use fred::clients::Client;
 use fred::interfaces::{EventInterface, PubsubInterface};
+use tokio::task::JoinHandle;
 
-use super::channels::{LINGER, Shared, deliver, wake_all};
+use super::channels::{LINGER, Shared, deliver, forget_subscriptions, wake_all};
 use super::message::parse_message;
 
 /// Reads messages and reconnects of `client` until it closes or the notifier is gone; drops
 /// channels that lingered idle.
-pub(super) fn spawn_listener(client: &Client, shared: Weak<Shared>) {
+pub(super) fn spawn_listener(client: &Client, shared: Weak<Shared>) -> JoinHandle<()> {
     let mut messages = client.message_rx();
     let mut reconnects = client.reconnect_rx();
     let client = client.clone();
@@ -45,7 +46,7 @@ pub(super) fn spawn_listener(client: &Client, shared: Weak<Shared>) {
                 }
             }
         }
-    });
+    })
 }
 
 pub(super) fn deliver_message(shared: &Shared, channel: &[u8], payload: &fred::types::Value) {
@@ -58,12 +59,9 @@ pub(super) fn deliver_message(shared: &Shared, channel: &[u8], payload: &fred::t
 /// After a reconnect the server has forgotten the subscriptions: subscribe again (one command
 /// per channel, which stays valid if slots moved) and wake every waiter once.
 async fn resubscribe(client: &Client, shared: &Shared) {
+    forget_subscriptions(shared);
     let channels: Vec<Bytes> = match shared.channels.lock() {
-        Ok(mut channels) => {
-            channels.retain(|_, e| !e.watchers.is_empty());
-            channels.values_mut().for_each(|e| e.subscribed = false);
-            channels.keys().cloned().collect()
-        }
+        Ok(channels) => channels.keys().cloned().collect(),
         Err(_) => return,
     };
     for channel in channels {

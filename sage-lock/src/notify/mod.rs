@@ -31,16 +31,17 @@ mod listener;
 mod message;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use fred::bytes::Bytes;
 use fred::clients::Client;
 use fred::interfaces::{ClientLike, PubsubInterface};
 use fred::types::config::ReconnectPolicy;
-use tokio::sync::{Notify, OnceCell};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use channels::{Channel, Shared, Watcher, deliver, is_subscribed};
+use channels::{Channel, Shared, Watcher, deliver, forget_subscriptions, is_subscribed};
 use listener::spawn_listener;
 pub(crate) use message::{Grant, channel};
 
@@ -50,7 +51,29 @@ pub(crate) struct Notifier {
     /// The client whose configuration the subscriber copies.
     template: Client,
     shared: Arc<Shared>,
-    subscriber: OnceCell<Client>,
+    /// The subscriber connection while it lives: opened on first need, and opened again when
+    /// its tasks ended (the runtime that ran them shut down, as each `#[tokio::test]`'s does).
+    subscriber: std::sync::Mutex<Option<Subscriber>>,
+    /// Held while a subscriber connection is being opened: one at a time.
+    opening: tokio::sync::Mutex<()>,
+    /// Set by [`Notifier::close`]: no subscriber connection is opened afterwards.
+    closed: AtomicBool,
+}
+
+/// A subscriber connection and the tasks that drive it and read its messages.
+#[derive(Debug)]
+struct Subscriber {
+    client: Client,
+    connection: fred::types::ConnectHandle,
+    listener: tokio::task::JoinHandle<()>,
+}
+
+impl Subscriber {
+    /// Whether its tasks still run (they end with their runtime, or when the connection
+    /// gave up reconnecting).
+    fn is_alive(&self) -> bool {
+        !self.connection.is_finished() && !self.listener.is_finished()
+    }
 }
 
 /// Whether a watch's channel is subscribed.
@@ -70,7 +93,9 @@ impl Notifier {
         Notifier {
             template,
             shared: Arc::default(),
-            subscriber: OnceCell::new(),
+            subscriber: std::sync::Mutex::new(None),
+            opening: tokio::sync::Mutex::new(()),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -112,11 +137,23 @@ impl Notifier {
         deliver(&self.shared, &channel(lock_key), head, grant);
     }
 
-    /// Closes the subscriber connection, if one was opened.
+    /// Closes the subscriber connection, if one was opened; none is opened afterwards.
     pub(crate) async fn close(&self) {
-        if let Some(subscriber) = self.subscriber.get() {
-            let _ = tokio::time::timeout(Duration::from_secs(1), subscriber.quit()).await;
+        self.closed.store(true, Ordering::Release);
+        let _opening = self.opening.lock().await;
+        let live = self.subscriber.lock().ok().and_then(|mut s| s.take());
+        if let Some(subscriber) = live {
+            let _ = tokio::time::timeout(Duration::from_secs(1), subscriber.client.quit()).await;
+            subscriber.listener.abort();
         }
+    }
+
+    /// The subscriber connection, if it is open and its tasks still run.
+    fn live_subscriber(&self) -> Option<Client> {
+        let live = self.subscriber.lock().ok()?;
+        live.as_ref()
+            .filter(|s| s.is_alive())
+            .map(|s| s.client.clone())
     }
 
     /// How many channels are tracked (subscribed or lingering), for tests.
@@ -125,8 +162,28 @@ impl Notifier {
         self.shared.channels.lock().map_or(0, |c| c.len())
     }
 
-    async fn subscriber(&self, deadline: Instant) -> Option<&Client> {
-        let connect = self.subscriber.get_or_try_init(|| async {
+    /// The live subscriber connection, opened (again) if needed before `deadline`; `None` when
+    /// it cannot be (notifications are then unavailable: waiters poll).
+    async fn subscriber(&self, deadline: Instant) -> Option<Client> {
+        if let Some(client) = self.live_subscriber() {
+            return Some(client);
+        }
+        let _opening = tokio::time::timeout_at(deadline, self.opening.lock())
+            .await
+            .ok()?;
+        if let Some(client) = self.live_subscriber() {
+            return Some(client);
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return None;
+        }
+        // A subscriber whose tasks ended took its subscriptions with it.
+        if let Some(dead) = self.subscriber.lock().ok().and_then(|mut s| s.take()) {
+            tracing::debug!("the subscriber connection's tasks ended; opening another");
+            dead.connection.abort();
+            forget_subscriptions(&self.shared);
+        }
+        let connect = async {
             let policy = self
                 .template
                 .client_reconnect_policy()
@@ -146,25 +203,48 @@ impl Notifier {
             let mut task = AbortOnDrop(Some(client.connect()));
             match client.wait_for_connect().await {
                 Ok(()) => {
-                    task.0 = None;
+                    let connection = task.0.take()?;
                     // Listening starts after the initial connection (which fred also reports as
                     // a reconnect) and before any subscription.
-                    spawn_listener(&client, Arc::downgrade(&self.shared));
-                    Ok(client)
+                    let listener = spawn_listener(&client, Arc::downgrade(&self.shared));
+                    Some(Ok(Subscriber {
+                        client,
+                        connection,
+                        listener,
+                    }))
                 }
                 Err(error) => {
                     let _ = tokio::time::timeout(Duration::from_secs(1), client.quit()).await;
-                    Err(error)
+                    Some(Err(error))
                 }
             }
-        });
+        };
         match tokio::time::timeout_at(deadline, connect).await {
-            Ok(Ok(client)) => Some(client),
-            Ok(Err(error)) => {
+            Ok(Some(Ok(subscriber))) => {
+                let client = subscriber.client.clone();
+                if let Ok(mut live) = self.subscriber.lock() {
+                    *live = Some(subscriber);
+                }
+                Some(client)
+            }
+            Ok(None) => None,
+            Ok(Some(Err(error))) => {
                 tracing::debug!(%error, "no subscriber connection; waiters poll");
                 None
             }
             Err(_) => None,
+        }
+    }
+}
+
+impl Drop for Notifier {
+    /// The client is gone without [`Notifier::close`]: the subscriber connection closes too
+    /// (left to its task, it would stay open, reconnecting, for the life of the process).
+    fn drop(&mut self) {
+        let live = self.subscriber.get_mut().ok().and_then(Option::take);
+        if let Some(subscriber) = live {
+            subscriber.listener.abort();
+            subscriber.connection.abort();
         }
     }
 }
@@ -194,7 +274,7 @@ impl Watch<'_> {
     /// Makes sure the channel is subscribed, spending at most until `deadline`.
     pub(crate) async fn subscribe(&self, deadline: Instant) -> Subscribed {
         let shared = &self.notifier.shared;
-        if is_subscribed(shared, &self.channel) {
+        if is_subscribed(shared, &self.channel) && self.notifier.live_subscriber().is_some() {
             return Subscribed::Already;
         }
         let Some(subscriber) = self.notifier.subscriber(deadline).await else {

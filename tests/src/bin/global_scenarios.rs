@@ -3,7 +3,7 @@
 //! `SAGE_LOCK_URL`) and exits non-zero if it fails. The global client and defaults can be set only
 //! once per process, so each scenario needs a process of its own.
 //!
-//! Usage: `global_scenarios <from-url | installed | without-client>`.
+//! Usage: `global_scenarios <from-url | installed | without-client | runtimes>`.
 
 use std::time::Duration;
 
@@ -140,14 +140,45 @@ async fn without_a_global_client() {
     assert!(error.downcast_ref::<LockError>().is_some(), "{error}");
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    let scenario = std::env::args().nth(1).unwrap_or_default();
-    match scenario.as_str() {
-        "from-url" => connects_from_sage_lock_url().await,
-        "installed" => installed_client_and_defaults().await,
-        "without-client" => without_a_global_client().await,
-        other => panic!("unknown scenario {other:?}: from-url | installed | without-client"),
+/// The global client outlives the runtime that connected it: each `#[tokio::test]` has a runtime
+/// of its own, and a test binary's tests share the process-wide client (the second call used to
+/// fail with "Failed to send command to router").
+fn one_runtime_per_test() {
+    for round in 0..3u64 {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let started = std::time::Instant::now();
+        let result = runtime.block_on(global_wait(100 + round));
+        println!("round {round}: {result:?} after {:?}", started.elapsed());
+        let (namespace, key) = result.expect("the global client works on every runtime");
+        assert_eq!(namespace, "macro-global");
+        assert_eq!(key, format!("global:{}", 100 + round));
     }
+}
+
+fn main() {
+    let scenario = std::env::args().nth(1).unwrap_or_default();
+    if scenario == "runtimes" {
+        one_runtime_per_test();
+        println!("scenario {scenario} passed");
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        match scenario.as_str() {
+            "from-url" => connects_from_sage_lock_url().await,
+            "installed" => installed_client_and_defaults().await,
+            "without-client" => without_a_global_client().await,
+            other => panic!(
+                "unknown scenario {other:?}: from-url | installed | without-client | runtimes"
+            ),
+        }
+    });
     println!("scenario {scenario} passed");
 }
