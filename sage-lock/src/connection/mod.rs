@@ -198,13 +198,14 @@ impl Connection {
             Arc::clone(&self.closed),
         );
         runtime.spawn(async move {
+            // Cleared however this ends, also when the runtime shuts down mid-way.
+            let _reconnecting = ClearOnDrop(flag);
             tracing::debug!("the shared connection reached a replica; reconnecting it");
             let _ = tokio::time::timeout(Duration::from_secs(5), fred.force_reconnection()).await;
             if closed.load(Ordering::Acquire) {
                 // Closed while reconnecting: the new connection must not outlive `quit`.
                 let _ = tokio::time::timeout(Duration::from_secs(1), fred.quit()).await;
             }
-            flag.store(false, Ordering::Release);
         });
     }
 
@@ -248,6 +249,15 @@ impl Connection {
         self.run(call, true, deadline, None, None)
             .await
             .map(|(value, _, _)| value)
+    }
+}
+
+/// Clears its flag when dropped.
+struct ClearOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::Release);
     }
 }
 
