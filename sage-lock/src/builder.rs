@@ -8,8 +8,8 @@ use std::time::Duration;
 use fred::clients::Client;
 use fred::error::Error;
 use fred::interfaces::ClientLike;
-use fred::types::Builder;
 use fred::types::config::{Config, ReconnectPolicy};
+use fred::types::{Builder, ConnectHandle};
 
 use crate::client::LockClient;
 use crate::connection::Startup;
@@ -104,6 +104,32 @@ impl LockClient {
             settings.command_timeout,
             settings.renewal_batch_limit,
         )
+    }
+}
+
+/// The outcome of `fred`'s first connection, whose task is `task`: connected, or the error that
+/// ended the task (fred fails fast on a first connection).
+async fn first_connection(fred: &Client, task: &mut ConnectHandle) -> Result<(), Error> {
+    let connected = async {
+        // The state is polled too: `wait_for_connect` subscribes after `connect` spawned the
+        // task, so it can miss a notification sent in between.
+        let polled = async {
+            while !fred.is_connected() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::select! {
+            outcome = fred.wait_for_connect() => outcome,
+            () = polled => Ok(()),
+        }
+    };
+    tokio::select! {
+        outcome = connected => outcome,
+        ended = task => Err(match ended {
+            Ok(Err(error)) => error,
+            Ok(Ok(())) => Error::new(fred::error::ErrorKind::Canceled, "the connection closed"),
+            Err(join) => Error::new(fred::error::ErrorKind::Unknown, join.to_string()),
+        }),
     }
 }
 
@@ -417,24 +443,24 @@ impl LockClientBuilder {
             &self,
         )
         .map_err(|e| LockError::backend(format!("could not configure a client for {target}"), e))?;
-        let connected = tokio::time::timeout(self.connect_timeout, fred.init()).await;
-        let (failure, task) = match connected {
-            Ok(Ok(task)) => (None, Some(task)),
-            // fred's connection task has ended: nothing is left to close (a `quit` now would
-            // only log a warning in the service's logs).
-            Ok(Err(error)) => (Some(error), None),
-            Err(_) => {
-                // Still trying in the background: stop it, without making the caller wait.
-                let stopping = fred.clone();
-                tokio::spawn(async move {
-                    let _ = tokio::time::timeout(Duration::from_secs(1), stopping.quit()).await;
-                });
-                let error = Error::new(
-                    fred::error::ErrorKind::Timeout,
-                    format!("no connection within {:?}", self.connect_timeout),
-                );
-                (Some(error), None)
-            }
+        let mut task = fred.connect();
+        let connected =
+            tokio::time::timeout(self.connect_timeout, first_connection(&fred, &mut task)).await;
+        let failure = match connected {
+            Ok(Ok(())) => None,
+            Ok(Err(error)) => Some(error),
+            Err(_) => Some(Error::new(
+                fred::error::ErrorKind::Timeout,
+                format!("no connection within {:?}", self.connect_timeout),
+            )),
+        };
+        let task = if failure.is_some() {
+            // Ended, or still in its handshake: stopped at once (a `quit` would wait for the
+            // handshake, bounded only by the command timeout, and log a warning if it ended).
+            task.abort();
+            None
+        } else {
+            Some(task)
         };
         if let Some(error) = failure {
             let hint = crate::url::mismatch_hint(&error, database)

@@ -88,6 +88,38 @@ async fn a_failed_connection_is_an_error_and_no_warning() {
         silent.accept().is_err(),
         "the client connected again after giving up"
     );
+    // Given up on mid-handshake with a long command timeout (which also bounds fred's
+    // handshake): the connection closes at once, not when the handshake times out (10 s).
+    let silent = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let silent_port = silent.local_addr().expect("addr").port();
+    let result = LockClient::builder()
+        .url(&format!("redis://127.0.0.1:{silent_port}"))
+        .connect_timeout(Duration::from_millis(300))
+        .command_timeout(Duration::from_secs(10))
+        .connect()
+        .await;
+    assert!(result.is_err(), "connected to a silent server: {result:?}");
+    let gave_up = std::time::Instant::now();
+    let (mut stream, _) = silent.accept().expect("the client connected");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .expect("read timeout");
+    let mut buf = [0_u8; 512];
+    let closed = loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(_) => continue, // the handshake the client sent
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break false,
+        }
+    };
+    let open_for = gave_up.elapsed();
+    println!("a connection given up on mid-handshake closed {open_for:?} after the error");
+    assert!(
+        closed && open_for < Duration::from_secs(2),
+        "the connection given up on was still open {open_for:?} after the error (closed: {closed})"
+    );
+
     let logged = captured.text();
     assert!(
         logged.trim().is_empty(),
