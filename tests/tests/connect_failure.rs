@@ -20,6 +20,21 @@ fn closed_port() -> u16 {
         .port()
 }
 
+/// Whether the client closes `stream` within `limit` (whatever it sent before is skipped: its
+/// handshake); a reset or a timeout is not a close.
+fn closed_within(mut stream: TcpStream, limit: Duration) -> bool {
+    stream.set_read_timeout(Some(limit)).expect("read timeout");
+    let mut buf = [0_u8; 512];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
 /// Refused, and a server that accepts but never answers (the connect timeout): each is a
 /// `Backend` error naming the target; the client given up on closes its connection within the
 /// command timeout and stops trying; and nothing is logged at `WARN` or above (a refused
@@ -64,20 +79,9 @@ async fn a_failed_connection_is_an_error_and_no_warning() {
         .map(|(stream, _)| stream)
         .collect();
     assert!(!accepted.is_empty(), "the silent server got no connection");
-    for mut stream in accepted {
+    for stream in accepted {
         stream.set_nonblocking(false).expect("blocking");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(2)))
-            .expect("read timeout");
-        let mut buf = [0_u8; 512];
-        let closed = loop {
-            match stream.read(&mut buf) {
-                Ok(0) => break true,
-                Ok(_) => continue, // the handshake the client sent
-                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(_) => break false, // still open after 2 s (or reset: not a close)
-            }
-        };
+        let closed = closed_within(stream, Duration::from_secs(2));
         assert!(
             closed,
             "the client left its connection open after giving up"
@@ -100,19 +104,8 @@ async fn a_failed_connection_is_an_error_and_no_warning() {
         .await;
     assert!(result.is_err(), "connected to a silent server: {result:?}");
     let gave_up = std::time::Instant::now();
-    let (mut stream, _) = silent.accept().expect("the client connected");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(3)))
-        .expect("read timeout");
-    let mut buf = [0_u8; 512];
-    let closed = loop {
-        match stream.read(&mut buf) {
-            Ok(0) => break true,
-            Ok(_) => continue, // the handshake the client sent
-            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => break false,
-        }
-    };
+    let (stream, _) = silent.accept().expect("the client connected");
+    let closed = closed_within(stream, Duration::from_secs(3));
     let open_for = gave_up.elapsed();
     println!("a connection given up on mid-handshake closed {open_for:?} after the error");
     assert!(
