@@ -210,8 +210,8 @@ impl LockClient {
     /// ```
     ///
     /// # Errors
-    /// [`LockError::Backend`] when no connection became free within `timeout`, or connecting
-    /// failed.
+    /// [`LockError::Backend`] when no connection became free within `timeout`, connecting
+    /// failed, or the client was closed by [`LockClient::quit`] (at once; nothing is opened).
     pub async fn dedicated_connection(
         &self,
         timeout: Duration,
@@ -230,12 +230,26 @@ impl LockClient {
                 "could not open a dedicated connection",
                 error,
             )),
+            Err(PoolError::Closed) => Err(LockError::backend(
+                "no dedicated connection",
+                crate::connection::closed_error(),
+            )),
         }
     }
 
-    /// Closes the shared, dedicated and subscriber connections. Locks still held expire with their lease.
+    /// Closes the shared, dedicated and subscriber connections, for every clone of this client.
+    ///
+    /// Afterwards every call made from this client (waiting, trying, operator tools,
+    /// [`LockClient::dedicated_connection`]) fails at once with [`LockError::Backend`] quoting
+    /// `LockClient::quit()`, and opens no connection; tasks waiting for a lock stop waiting the
+    /// same way. Locks still held are not released and not renewed: a body still running keeps
+    /// its lock until the usable lease runs out, then fails with [`LockError::LockLost`] (its
+    /// release fails too); the server lets the lock expire with its lease. Quit after the bodies
+    /// finished to release their locks at once.
     pub async fn quit(&self) {
         self.inner.conn.close().await;
+        // Waiters sleeping until their next attempt try now, and fail.
+        self.inner.waiters.wake_all();
         self.inner.notifier.close().await;
         self.inner.conn.quit_shared().await;
     }

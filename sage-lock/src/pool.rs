@@ -23,6 +23,8 @@ pub(crate) enum PoolError {
     Exhausted,
     /// A new connection failed to connect, or did not connect before the deadline.
     Connect(fred::error::Error),
+    /// The pool was closed ([`DedicatedPool::close`]): nothing is lent or opened any more.
+    Closed,
 }
 
 /// A new dedicated connection that did not connect within `waited`.
@@ -113,12 +115,19 @@ impl DedicatedPool {
     }
 
     /// Borrows a connection, waiting for a free slot and connecting a new one if needed, all
-    /// before `deadline`. Cancelled while connecting, the new connection is closed.
+    /// before `deadline`. Cancelled while connecting, the new connection is closed. Once the
+    /// pool is closed, [`PoolError::Closed`] at once.
     pub(crate) async fn take(&self, deadline: Instant) -> Result<Loan, PoolError> {
+        if self.is_closed() {
+            return Err(PoolError::Closed);
+        }
         let permit =
             tokio::time::timeout_at(deadline, Arc::clone(&self.permits).acquire_owned()).await;
-        let Ok(Ok(permit)) = permit else {
-            return Err(PoolError::Exhausted);
+        let permit = match permit {
+            Ok(Ok(permit)) if !self.is_closed() => permit,
+            // Closed while this waited for a slot (closing the pool closes its semaphore).
+            Ok(_) => return Err(PoolError::Closed),
+            Err(_) => return Err(PoolError::Exhausted),
         };
         let generation = self.generation();
         loop {
@@ -175,9 +184,7 @@ impl DedicatedPool {
 
     /// Returns an idle, healthy connection for reuse.
     pub(crate) fn put_back(&self, mut loan: Loan) {
-        if loan.generation != self.generation()
-            || self.closed.load(std::sync::atomic::Ordering::Acquire)
-        {
+        if loan.generation != self.generation() || self.is_closed() {
             return; // dropped: closed in the background
         }
         let Some(link) = loan.link.take() else {
@@ -187,6 +194,10 @@ impl DedicatedPool {
             Ok(mut idle) => idle.push((loan.conn.clone(), link)),
             Err(_) => close_in_background(loan.conn.clone(), link),
         }
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::Acquire)
     }
 
     fn generation(&self) -> u64 {
@@ -211,11 +222,14 @@ impl DedicatedPool {
             .unwrap_or_default()
     }
 
-    /// Closes idle connections.
+    /// Closes idle connections; from now on [`DedicatedPool::take`] fails with
+    /// [`PoolError::Closed`].
     pub(crate) async fn close(&self) {
         // Loans still out (a renewal in flight, a background release) close when they return.
         self.closed
             .store(true, std::sync::atomic::Ordering::Release);
+        // Callers waiting for a slot give up now.
+        self.permits.close();
         for (conn, link) in self.take_idle() {
             close(conn, link).await;
         }

@@ -32,6 +32,10 @@ const TRANSIENT_PREFIXES: [&str; 9] = [
 
 /// Sorts a client error into [`Failure::Transient`] or [`Failure::Permanent`].
 pub(crate) fn classify(error: &Error) -> Failure {
+    if crate::connection::is_closed_error(error) {
+        // The client was closed by `quit`: no retry can succeed.
+        return Failure::Permanent;
+    }
     match error.kind() {
         ErrorKind::IO
         | ErrorKind::Timeout

@@ -37,7 +37,7 @@ impl Connection {
         deadline: Instant,
     ) -> Option<bool> {
         use std::sync::atomic::Ordering;
-        if self.deployment.is_replicated() {
+        if self.deployment.is_replicated() || self.is_closed() {
             return None;
         }
         if !self.sends_delifeq(deadline).await {

@@ -36,6 +36,20 @@ use verdict::{is_stale_route, judge, not_the_granter, serving_node};
 /// anyway (see its example). A release is a connection-level operation, so the bound lives here.
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// The detail text of the error every operation of a client fails with once
+/// [`LockClient::quit`](crate::LockClient::quit) closed it.
+pub(crate) const CLOSED_BY_QUIT: &str = "the LockClient was closed by LockClient::quit()";
+
+/// The error of an operation on a closed client: never retried (see [`crate::retry::classify`]).
+pub(crate) fn closed_error() -> Error {
+    Error::new(fred::error::ErrorKind::Canceled, CLOSED_BY_QUIT)
+}
+
+/// Whether `error` is [`closed_error`].
+pub(crate) fn is_closed_error(error: &Error) -> bool {
+    *error.kind() == fred::error::ErrorKind::Canceled && error.details() == CLOSED_BY_QUIT
+}
+
 /// How the shared connection's task starts.
 pub(crate) enum Startup {
     /// Started already (or not ours to start): the handle, if any, is aborted on drop.
@@ -209,6 +223,21 @@ impl Connection {
         });
     }
 
+    /// Whether [`Connection::close`] ran: every operation then fails at once with
+    /// [`closed_error`], sending nothing.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// [`closed_error`] once the client is closed.
+    pub(crate) fn ensure_open(&self) -> Result<(), Error> {
+        if self.is_closed() {
+            Err(closed_error())
+        } else {
+            Ok(())
+        }
+    }
+
     /// Closes every connection: the dedicated pool (loans still out are closed when they come
     /// back), then the shared connection; a reconnection under way is undone. For
     /// [`LockClient::quit`](crate::LockClient::quit).
@@ -284,6 +313,7 @@ impl Connection {
         granted_by: Option<&Server>,
         cleanup: Option<ScriptCall<'static>>,
     ) -> Result<(Value, Ack, Option<Server>), OpError> {
+        self.ensure_open()?;
         let fred = self.fred();
         let limit = deadline.min(deadline_after(self.command_timeout));
         if !self.deployment.is_replicated() {
@@ -322,6 +352,7 @@ impl Connection {
             Ok(loan) => loan,
             Err(PoolError::Exhausted) => return Err(OpError::PoolExhausted),
             Err(PoolError::Connect(error)) => return Err(OpError::Failed(error)),
+            Err(PoolError::Closed) => return Err(OpError::Failed(closed_error())),
         };
         // WAIT leaves part of what is left of the deadline for its reply: an idle server ends a
         // WAIT up to 1000/`hz` ms late (100 ms at the default `hz 10`), and a renewal must
@@ -390,6 +421,7 @@ impl Connection {
         call: &ScriptCall<'_>,
         deadline: Instant,
     ) -> Result<Value, OpError> {
+        self.ensure_open()?;
         match tokio::time::timeout_at(deadline, run_plain(self.fred(), call)).await {
             Ok(result) => Ok(result?),
             Err(_) => Err(OpError::Failed(timeout_error())),

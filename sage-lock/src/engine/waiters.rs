@@ -184,6 +184,15 @@ impl Waiters {
         }
     }
 
+    /// Wakes the local leader of every key (the client was closed: their next attempt fails).
+    pub(crate) fn wake_all(&self) {
+        if let Ok(by_key) = self.by_key.lock() {
+            for waiters in by_key.values() {
+                waiters.released.notify_one();
+            }
+        }
+    }
+
     /// How many keys have local waiters (for tests of cancellation bookkeeping).
     pub(crate) fn keys(&self) -> usize {
         self.by_key.lock().map_or(0, |w| w.len())

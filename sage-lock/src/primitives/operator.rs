@@ -339,6 +339,10 @@ impl<K: ?Sized> Locks<K> {
         let namespace = &self.settings.namespace;
         let pattern = Value::Bytes(Bytes::from(scan_pattern(namespace)));
         let mut found: BTreeMap<Vec<u8>, HeldLock> = BTreeMap::new();
+        if let Err(error) = self.engine.conn.ensure_open() {
+            let context = format!("could not scan the locks of namespace {namespace}");
+            return Err(self.backend(context, error));
+        }
         for slot in self.primaries() {
             let mut cursor = Value::from("0");
             loop {

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::target::Renewal;
 use crate::acl::denial_hint;
-use crate::connection::{Ack, Connection, OpError};
+use crate::connection::{Ack, CLOSED_BY_QUIT, Connection, OpError};
 use crate::error::LossReason;
 use crate::retry::{Failure, classify, is_readonly, millis};
 use crate::scripts::Script;
@@ -108,6 +108,9 @@ pub(super) enum Outcome {
     /// The node the call went to no longer serves the hold's slot: retry in a call of its own
     /// slot, routed afresh.
     Elsewhere(LossReason),
+    /// The client was closed by `LockClient::quit`: no renewal can succeed, so none is tried
+    /// again; the hold lasts until its usable lease runs out (its safety net reports the loss).
+    Closed(LossReason),
 }
 
 /// The outcome of one renewal call: when it was sent, and what it meant for each lock.
@@ -285,6 +288,15 @@ impl Batch {
                 self.ids
                     .iter()
                     .map(|_| Outcome::Lost(reason.clone()))
+                    .collect()
+            }
+            Err(OpError::Failed(error)) if crate::connection::is_closed_error(&error) => {
+                let problem = LossReason::RenewalFailed(format!(
+                    "{CLOSED_BY_QUIT}; the lease ran out unrenewed"
+                ));
+                self.ids
+                    .iter()
+                    .map(|_| Outcome::Closed(problem.clone()))
                     .collect()
             }
             Err(OpError::Failed(error)) => {

@@ -292,6 +292,13 @@ impl Shared {
                 entry.due = Instant::now();
                 None
             }
+            Outcome::Closed(problem) => {
+                // Never tried again: the entry stays (out of the queue) until its hold ends,
+                // which its safety net does when the usable lease runs out, quoting this.
+                client.stats.record(&metrics, Event::RenewalFailure);
+                entry.last_problem = Some(problem);
+                return;
+            }
             Outcome::Retry(problem) => {
                 client.stats.record(&metrics, Event::RenewalFailure);
                 let lease = &entry.renewal.lease;

@@ -1,0 +1,235 @@
+//! A service's lifecycle around its `LockClient`: calls after `quit()`, `quit()` while bodies
+//! hold locks or tasks wait, clients dropped outside any runtime, runtimes shut down mid-hold.
+//! Each test starts servers of its own, so connection counts are this test's alone.
+
+use std::time::{Duration, Instant};
+
+use harness::{Server, ServerKind};
+use sage_lock::fred::interfaces::KeysInterface;
+use sage_lock::{LockClient, LockError, LockOptions, Locks};
+
+/// How long a call on a closed client may take: it sends nothing, so this is generous.
+const AT_ONCE: Duration = Duration::from_millis(500);
+
+fn connected_clients(port: u16) -> i64 {
+    harness::info_field(port, "clients", "connected_clients")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(-1)
+}
+
+/// Polls until `connected_clients` on `port` is at most `expected`; returns the last value seen.
+async fn settle_clients(port: u16, expected: i64, within: Duration) -> i64 {
+    let deadline = Instant::now() + within;
+    loop {
+        let now = connected_clients(port);
+        if now <= expected || Instant::now() > deadline {
+            return now;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn options(ns: &str, lease: Duration) -> LockOptions {
+    LockOptions::new().namespace(ns).lease(lease)
+}
+
+/// The lock key's remaining lease on the server, in ms (-2: no key).
+async fn pttl(observer: &LockClient, ns: &str, key: &str) -> i64 {
+    let server_key = LockClient::server_key(ns, key);
+    observer
+        .fred()
+        .pttl(sage_lock::fred::types::Key::from(server_key.as_slice()))
+        .await
+        .expect("PTTL")
+}
+
+/// Asserts that `result`, returned after `took`, is the prompt error of a closed client.
+fn assert_closed<T: std::fmt::Debug>(what: &str, result: Result<T, LockError>, took: Duration) {
+    match result {
+        Err(error @ LockError::Backend { .. }) if error.to_string().contains("quit") => {}
+        other => panic!("{what} after quit: {other:?} in {took:?} (not an error naming quit)"),
+    }
+    println!("{what} after quit: failed in {took:?}");
+    assert!(took < AT_ONCE, "{what} after quit took {took:?}");
+}
+
+/// Every call on a client after `quit()` (and on its clones) fails at once with an error that
+/// names quit, and opens no connection. It waited instead for its deadline and failed with a
+/// timeout that blamed the server: `with_lock` (3 s wait) 4.0 s with `TimedOut { reason:
+/// Unavailable("no reply from the server within the wait") }`, `try_with_lock` 2.0 s,
+/// `is_locked`, `force_unlock` and `scan` 5.0 s each with a `Timeout`; and
+/// `dedicated_connection` opened a new connection and lent it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_after_quit_fail_at_once_and_open_nothing() {
+    for kind in ServerKind::ALL {
+        let name = kind.name();
+        let server = Server::start(kind);
+        let port = server.port();
+        let baseline = connected_clients(port);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(options("after-quit", Duration::from_secs(5)))
+            .expect("opts");
+        locks
+            .with_lock("k", Duration::from_secs(1), async {})
+            .await
+            .expect("before quit");
+        // Two clones quit at once (as two shutdown paths might).
+        let clone = client.clone();
+        let quits = Instant::now();
+        tokio::join!(client.quit(), clone.quit());
+        let quits = quits.elapsed();
+        assert!(
+            quits < Duration::from_secs(2),
+            "{name}: quit took {quits:?}"
+        );
+        let after_quit = settle_clients(port, baseline, Duration::from_secs(3)).await;
+        assert!(
+            after_quit <= baseline,
+            "{name}: {after_quit} open after quit"
+        );
+
+        let start = Instant::now();
+        let result = locks.with_lock("k", Duration::from_secs(3), async {}).await;
+        assert_closed("with_lock", result, start.elapsed());
+        let start = Instant::now();
+        let result = locks.try_with_lock("k", async {}).await;
+        assert_closed("try_with_lock", result, start.elapsed());
+        let start = Instant::now();
+        let result = locks.is_locked("k").await;
+        assert_closed("is_locked", result, start.elapsed());
+        let start = Instant::now();
+        let result = locks.holder("k").await;
+        assert_closed("holder", result, start.elapsed());
+        let start = Instant::now();
+        let result = locks.force_unlock("k").await;
+        assert_closed("force_unlock", result, start.elapsed());
+        let start = Instant::now();
+        let result = locks.scan().await;
+        assert_closed("scan", result, start.elapsed());
+        let start = Instant::now();
+        let result = client.dedicated_connection(Duration::from_secs(3)).await;
+        assert_closed("dedicated_connection", result, start.elapsed());
+        let start = Instant::now();
+        let result = client
+            .rw_lock::<str>()
+            .read("k", Duration::from_secs(3), async {})
+            .await;
+        assert_closed("rw_lock read", result, start.elapsed());
+        let start = Instant::now();
+        let result = client
+            .semaphore::<str>(2)
+            .acquire("k", Duration::from_secs(3), async {})
+            .await;
+        assert_closed("semaphore acquire", result, start.elapsed());
+        let start = Instant::now();
+        let result = clone
+            .clone()
+            .lock::<str>()
+            .with_lock("k", Duration::from_secs(3), async {})
+            .await;
+        assert_closed("a later clone's with_lock", result, start.elapsed());
+        // Quitting again is harmless.
+        let again = Instant::now();
+        clone.quit().await;
+        assert!(
+            again.elapsed() < AT_ONCE,
+            "{name}: a second quit took {:?}",
+            again.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let left = connected_clients(port);
+        assert!(
+            left <= baseline,
+            "{name}: {left} connections after calls on a closed client (baseline {baseline})"
+        );
+    }
+}
+
+/// `quit()` while one task's body holds a lock and others wait for it: the waiters (the local
+/// leader, which asks the server, and a follower behind it) fail at once, naming quit; they
+/// waited out their whole wait and reported `TimedOut { reason: Busy }` (4 s wait: 5.0 s). The
+/// holder keeps its lock, unrenewed, until its usable lease runs out, then fails with
+/// `LockLost` naming quit; it returned 1 s later than that (2.96 s for a 2 s lease: its release
+/// waited out `RELEASE_TIMEOUT` on the closed connection) and blamed "no renewal completed in
+/// time". Nothing renews the lock after quit: it expires with its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quit_stops_waiters_at_once_and_holders_keep_only_their_lease() {
+    let lease = Duration::from_secs(2);
+    for kind in ServerKind::ALL {
+        let name = kind.name();
+        let server = Server::start(kind);
+        let port = server.port();
+        let observer = LockClient::connect(&server.url()).await.expect("connect");
+        let baseline = connected_clients(port);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let ns = "quit-holding";
+        let locks: Locks<str> = client.lock_with(options(ns, lease)).expect("opts");
+        let (held, is_held) = tokio::sync::oneshot::channel();
+        let holder = {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                let result = locks
+                    .with_lock("k", Duration::from_secs(1), async {
+                        let _ = held.send(Instant::now());
+                        tokio::time::sleep(Duration::from_secs(4)).await;
+                    })
+                    .await;
+                (result, Instant::now())
+            })
+        };
+        let acquired = is_held.await.expect("held");
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let locks = locks.clone();
+                tokio::spawn(async move {
+                    let result = locks.with_lock("k", Duration::from_secs(4), async {}).await;
+                    (result, Instant::now())
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let renewals = client.stats().renewals;
+        let quit_at = Instant::now();
+        client.quit().await;
+        let left = pttl(&observer, ns, "k").await;
+        assert!(
+            left > 0,
+            "{name}: the lock was not left to its lease ({left} ms)"
+        );
+        for waiter in waiters {
+            let (result, ended) = waiter.await.expect("waiter task");
+            assert_closed("a waiter", result, ended - quit_at);
+        }
+        let (result, ended) = holder.await.expect("holder task");
+        let held_for = ended - acquired;
+        match &result {
+            Err(error @ LockError::LockLost { .. }) if error.to_string().contains("quit") => {}
+            other => panic!("{name}: the holder got {other:?}"),
+        }
+        println!("{name}: the holder ({lease:?} lease) returned {held_for:?} after acquiring");
+        assert!(
+            held_for > lease / 2 && held_for < lease + Duration::from_millis(300),
+            "{name}: the holder returned {held_for:?} after acquiring ({lease:?} lease)"
+        );
+        assert_eq!(
+            client.stats().renewals,
+            renewals,
+            "{name}: renewed after quit"
+        );
+        // Expires with its lease, renewed by nothing.
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let mut gone = pttl(&observer, ns, "k").await;
+        while gone != -2 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            gone = pttl(&observer, ns, "k").await;
+        }
+        assert_eq!(gone, -2, "{name}: the lock outlived its lease");
+        let open = connected_clients(port);
+        assert!(
+            open <= baseline,
+            "{name}: {open} open after quit (baseline {baseline})"
+        );
+        observer.quit().await;
+    }
+}
