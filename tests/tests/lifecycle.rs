@@ -233,3 +233,118 @@ async fn quit_stops_waiters_at_once_and_holders_keep_only_their_lease() {
         observer.quit().await;
     }
 }
+
+/// The last handle of a client dropped in plain code (no runtime), while the runtime that
+/// connected it still runs: its shared and subscriber connections close (the shared one is
+/// aborted, there is no runtime to `QUIT` from).
+#[test]
+fn a_client_dropped_outside_any_runtime_closes_its_connections() {
+    for kind in ServerKind::ALL {
+        let name = kind.name();
+        let server = Server::start(kind);
+        let port = server.port();
+        let baseline = connected_clients(port);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let client = runtime.block_on(async {
+            let client = LockClient::connect(&server.url()).await.expect("connect");
+            let holder = LockClient::connect(&server.url()).await.expect("connect");
+            let ns = "plain-drop";
+            let waiting: Locks<str> = client
+                .lock_with(options(ns, Duration::from_secs(3)))
+                .expect("opts");
+            let holding: Locks<str> = holder
+                .lock_with(options(ns, Duration::from_secs(3)))
+                .expect("opts");
+            // A waiter behind another client's holder opens the subscriber connection.
+            let (held, is_held) = tokio::sync::oneshot::channel();
+            let hold = tokio::spawn(async move {
+                holding
+                    .with_lock("k", Duration::from_secs(2), async {
+                        let _ = held.send(());
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    })
+                    .await
+            });
+            is_held.await.expect("held");
+            waiting
+                .with_lock("k", Duration::from_secs(3), async {})
+                .await
+                .expect("the waiter's turn");
+            hold.await.expect("holder task").expect("holder");
+            holder.quit().await;
+            client
+        });
+        let open = connected_clients(port);
+        assert!(
+            open >= baseline + 2,
+            "{name}: {open} open: no subscriber connection"
+        );
+        drop(client);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let mut left = connected_clients(port);
+        while left > baseline && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            left = connected_clients(port);
+        }
+        assert!(
+            left <= baseline,
+            "{name}: {left} open after dropping the client in plain code (baseline {baseline})"
+        );
+        drop(runtime);
+    }
+}
+
+/// A runtime shut down while a body holds a lock: the lock is not renewed past that (it
+/// expires with its lease, as nothing can release it), and the same client, on a new runtime,
+/// takes it once the lease ran out.
+#[test]
+fn a_lock_held_when_its_runtime_shuts_down_expires_with_its_lease() {
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    }
+    let lease = Duration::from_secs(1);
+    for kind in ServerKind::ALL {
+        let name = kind.name();
+        let server = Server::start(kind);
+        let first = runtime();
+        let client = first
+            .block_on(LockClient::connect(&server.url()))
+            .expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(options("runtime-shutdown", lease))
+            .expect("opts");
+        let (held, is_held) = std::sync::mpsc::channel();
+        let holder = locks.clone();
+        first.spawn(async move {
+            let _ = holder
+                .with_lock("k", Duration::from_secs(1), async {
+                    let _ = held.send(Instant::now());
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                })
+                .await;
+        });
+        let acquired = is_held.recv().expect("held");
+        first.shutdown_timeout(Duration::from_secs(1));
+        runtime().block_on(async {
+            let taken = locks
+                .with_lock("k", Duration::from_secs(3), async { Instant::now() })
+                .await
+                .unwrap_or_else(|e| panic!("{name}: the same client on a new runtime: {e}"));
+            let after = taken - acquired;
+            println!("{name}: taken again {after:?} after the first hold began ({lease:?} lease)");
+            assert!(
+                after < lease + Duration::from_millis(500),
+                "{name}: the lock was held {after:?} ({lease:?} lease)"
+            );
+            client.quit().await;
+        });
+    }
+}
