@@ -237,7 +237,9 @@ impl LockClient {
         }
     }
 
-    /// Closes the shared, dedicated and subscriber connections, for every clone of this client.
+    /// Closes the shared, dedicated and subscriber connections, for every clone of this client,
+    /// once the releases under way (those of cancelled `with_lock` calls included) are through,
+    /// or after [`RELEASE_TIMEOUT`](crate::RELEASE_TIMEOUT) at most.
     ///
     /// Afterwards every call made from this client (waiting, trying, operator tools,
     /// [`LockClient::dedicated_connection`]) fails at once with [`LockError::Backend`] quoting
@@ -247,6 +249,10 @@ impl LockClient {
     /// release fails too); the server lets the lock expire with its lease. Quit after the bodies
     /// finished to release their locks at once.
     pub async fn quit(&self) {
+        // A shutdown that cancels its holders and then quits: their releases, started in the
+        // background, reach the server before the connections close.
+        let releases = tokio::time::Instant::now() + crate::connection::RELEASE_TIMEOUT;
+        self.inner.releases.settled(releases).await;
         self.inner.conn.close().await;
         // Waiters sleeping until their next attempt try now, and fail.
         self.inner.waiters.wake_all();

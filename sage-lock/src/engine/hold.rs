@@ -221,6 +221,54 @@ impl Drop for Held {
     }
 }
 
+/// The releases of one client under way, counted from the moment they are owed (a background
+/// release before its task first runs), so that closing the client can wait for them.
+#[derive(Debug, Default)]
+pub(crate) struct Releases {
+    count: std::sync::atomic::AtomicUsize,
+    done: tokio::sync::Notify,
+}
+
+/// One release under way; dropped (done, or its task dropped), it no longer counts.
+pub(crate) struct Releasing(Arc<Releases>);
+
+impl Releases {
+    /// Counts a release until the returned guard is dropped.
+    pub(crate) fn start(self: &Arc<Self>) -> Releasing {
+        self.count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Releasing(Arc::clone(self))
+    }
+
+    /// Resolves when no release is under way, or at `deadline`.
+    pub(crate) async fn settled(&self, deadline: Instant) {
+        loop {
+            let done = self.done.notified();
+            tokio::pin!(done);
+            // Registered before the check: a release ending in between still wakes this.
+            done.as_mut().enable();
+            if self.count.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, done).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Releasing {
+    fn drop(&mut self) {
+        if self
+            .0
+            .count
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
+            == 1
+        {
+            self.0.done.notify_waiters();
+        }
+    }
+}
+
 /// Removes `token`'s hold (or, with `keep_for`, lets it expire then), bounded by
 /// [`RELEASE_TIMEOUT`]; failures are logged (the lease expires). Wakes this process's waiters for
 /// the key when it was removed.
@@ -236,6 +284,7 @@ async fn release_now(
     granted_by: Option<&Server>,
     plain: bool,
 ) {
+    let _releasing = engine.releases.start();
     // One bound for the whole release, the quick attempt and the script together.
     let deadline = Instant::now() + RELEASE_TIMEOUT;
     if plain
@@ -319,7 +368,11 @@ fn release_in_background(held: &Held) {
     );
     let handoff_lease = held.handoff_lease;
     let granted_by = held.granted_by.clone();
+    // Counted from now, not from when the task first runs: a `quit` right after the
+    // cancellation waits for it.
+    let releasing = engine.releases.start();
     runtime.spawn(async move {
+        let _releasing = releasing;
         release_now(
             &engine,
             &*rules,

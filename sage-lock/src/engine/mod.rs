@@ -175,6 +175,8 @@ pub(crate) struct Engine {
     pub(crate) notifier: Notifier,
     /// Last fencing token seen per key (detects a counter that went backwards).
     pub(crate) fences: fences::Fences,
+    /// Releases under way, which [`LockClient::quit`](crate::LockClient::quit) lets finish.
+    pub(crate) releases: Arc<hold::Releases>,
 }
 
 impl Engine {
@@ -187,6 +189,7 @@ impl Engine {
             conn,
             waiters: Waiters::default(),
             fences: fences::Fences::default(),
+            releases: Arc::default(),
         }
     }
 }
