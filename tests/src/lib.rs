@@ -67,6 +67,26 @@ pub fn shared_cluster(kind: ServerKind) -> &'static Cluster {
     SHARED[kind.index()].get_or_init(|| Cluster::start(kind))
 }
 
+/// The server's `connected_clients` on `port` (-1 when it does not answer).
+pub fn connected_clients(port: u16) -> i64 {
+    info_field(port, "clients", "connected_clients")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(-1)
+}
+
+/// Polls until [`connected_clients`] on `port` is at most `expected`, for at most `within`;
+/// returns the last value seen.
+pub async fn settle_clients(port: u16, expected: i64, within: std::time::Duration) -> i64 {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let now = connected_clients(port);
+        if now <= expected || std::time::Instant::now() > deadline {
+            return now;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// Holds the lock on `key` from a spawned task until the returned sender fires (or is dropped);
 /// returns once the lock is held. Join the handle to see the holder finish.
 pub async fn hold_by_hand(

@@ -5,28 +5,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use harness::{Replicated, SentinelSetup, Server, ServerKind};
+use harness::{Replicated, SentinelSetup, Server, ServerKind, connected_clients, settle_clients};
 use sage_lock::fred::interfaces::ClientLike;
 use sage_lock::fred::types::{ClusterHash, CustomCommand, Value};
 use sage_lock::{LockClient, LockError, LockOptions, Locks, LossReason};
-
-fn connected_clients(port: u16) -> i64 {
-    harness::info_field(port, "clients", "connected_clients")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(-1)
-}
-
-/// Polls until `connected_clients` on `port` is at most `expected`; returns the last value seen.
-async fn settle_clients(port: u16, expected: i64, within: Duration) -> i64 {
-    let deadline = Instant::now() + within;
-    loop {
-        let now = connected_clients(port);
-        if now <= expected || Instant::now() > deadline {
-            return now;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 async fn custom(
     client: &sage_lock::fred::clients::Client,

@@ -4,30 +4,12 @@
 
 use std::time::{Duration, Instant};
 
-use harness::{Server, ServerKind};
+use harness::{Server, ServerKind, connected_clients, settle_clients};
 use sage_lock::fred::interfaces::KeysInterface;
 use sage_lock::{LockClient, LockError, LockOptions, Locks};
 
 /// How long a call on a closed client may take: it sends nothing, so this is generous.
 const AT_ONCE: Duration = Duration::from_millis(500);
-
-fn connected_clients(port: u16) -> i64 {
-    harness::info_field(port, "clients", "connected_clients")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(-1)
-}
-
-/// Polls until `connected_clients` on `port` is at most `expected`; returns the last value seen.
-async fn settle_clients(port: u16, expected: i64, within: Duration) -> i64 {
-    let deadline = Instant::now() + within;
-    loop {
-        let now = connected_clients(port);
-        if now <= expected || Instant::now() > deadline {
-            return now;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 fn options(ns: &str, lease: Duration) -> LockOptions {
     LockOptions::new().namespace(ns).lease(lease)
