@@ -87,6 +87,42 @@ pub async fn settle_clients(port: u16, expected: i64, within: std::time::Duratio
     }
 }
 
+/// A runtime like `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]`'s, for tests
+/// that build, drop or outlive runtimes themselves.
+pub fn multi_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// `waiting` waits on the server for `key` behind `holding` (another client, as another
+/// process's would be), which holds it for 100 ms: `waiting`'s client opens its subscriber
+/// connection. Returns once both are through.
+pub async fn wait_behind(
+    waiting: &sage_lock::Locks<str>,
+    holding: sage_lock::Locks<str>,
+    key: &str,
+) {
+    let (held, is_held) = tokio::sync::oneshot::channel();
+    let holder_key = key.to_owned();
+    let hold = tokio::spawn(async move {
+        holding
+            .with_lock(&holder_key, std::time::Duration::from_secs(2), async {
+                let _ = held.send(());
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            })
+            .await
+    });
+    is_held.await.expect("the holder took the lock");
+    waiting
+        .with_lock(key, std::time::Duration::from_secs(5), async {})
+        .await
+        .expect("the waiter's turn");
+    hold.await.expect("holder task").expect("holder");
+}
+
 /// Holds the lock on `key` from a spawned task until the returned sender fires (or is dropped);
 /// returns once the lock is held. Join the handle to see the holder finish.
 pub async fn hold_by_hand(

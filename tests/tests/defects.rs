@@ -935,21 +935,7 @@ async fn a_dropped_client_closes_its_subscriber_connection() {
         let holder = LockClient::connect(&server.url()).await.expect("connect");
         let waiting: Locks<str> = waiter.lock_with(options()).expect("opts");
         let holding: Locks<str> = holder.lock_with(options()).expect("opts");
-        let (held, is_held) = tokio::sync::oneshot::channel();
-        let hold = tokio::spawn(async move {
-            holding
-                .with_lock("k", Duration::from_secs(2), async {
-                    let _ = held.send(());
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                })
-                .await
-        });
-        is_held.await.expect("held");
-        waiting
-            .with_lock("k", Duration::from_secs(5), async {})
-            .await
-            .expect("the waiter's turn");
-        hold.await.expect("holder task").expect("holder");
+        harness::wait_behind(&waiting, holding, "k").await;
         holder.quit().await;
         let open = connected_clients(port);
         drop(waiting);

@@ -242,21 +242,7 @@ fn a_client_dropped_outside_any_runtime_closes_its_connections() {
                 .lock_with(options(ns, Duration::from_secs(3)))
                 .expect("opts");
             // A waiter behind another client's holder opens the subscriber connection.
-            let (held, is_held) = tokio::sync::oneshot::channel();
-            let hold = tokio::spawn(async move {
-                holding
-                    .with_lock("k", Duration::from_secs(2), async {
-                        let _ = held.send(());
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    })
-                    .await
-            });
-            is_held.await.expect("held");
-            waiting
-                .with_lock("k", Duration::from_secs(3), async {})
-                .await
-                .expect("the waiter's turn");
-            hold.await.expect("holder task").expect("holder");
+            harness::wait_behind(&waiting, holding, "k").await;
             holder.quit().await;
             client
         });
@@ -285,18 +271,11 @@ fn a_client_dropped_outside_any_runtime_closes_its_connections() {
 /// takes it once the lease ran out.
 #[test]
 fn a_lock_held_when_its_runtime_shuts_down_expires_with_its_lease() {
-    fn runtime() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("a runtime")
-    }
     let lease = Duration::from_secs(1);
     for kind in ServerKind::ALL {
         let name = kind.name();
         let server = Server::start(kind);
-        let first = runtime();
+        let first = harness::multi_thread_runtime();
         let client = first
             .block_on(LockClient::connect(&server.url()))
             .expect("connect");
@@ -315,7 +294,7 @@ fn a_lock_held_when_its_runtime_shuts_down_expires_with_its_lease() {
         });
         let acquired = is_held.recv().expect("held");
         first.shutdown_timeout(Duration::from_secs(1));
-        runtime().block_on(async {
+        harness::multi_thread_runtime().block_on(async {
             let taken = locks
                 .with_lock("k", Duration::from_secs(3), async { Instant::now() })
                 .await

@@ -942,13 +942,6 @@ fn from_fred_outside_a_runtime_connects_on_first_use() {
             .build()
             .expect("build a fred client")
     }
-    fn runtime() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("a runtime")
-    }
     /// `call` within [`QUICK`] (bounded at 3× that so a hang fails instead of stalling).
     async fn quick<T>(what: &str, call: impl std::future::Future<Output = T>) -> T {
         let started = Instant::now();
@@ -968,7 +961,7 @@ fn from_fred_outside_a_runtime_connects_on_first_use() {
 
         // 1. An operator call first, then locks, operator tools and a dedicated connection.
         let client = LockClient::from_fred(fred_for(&url));
-        runtime().block_on(async {
+        harness::multi_thread_runtime().block_on(async {
             let locks: Locks<str> = client.lock_with(options()).expect("opts");
             let free = quick("is_locked first", locks.is_locked("k")).await;
             assert!(!free.unwrap_or_else(|e| panic!("{name}: is_locked: {e}")));
@@ -999,7 +992,7 @@ fn from_fred_outside_a_runtime_connects_on_first_use() {
 
         // 2. A lock first.
         let client = LockClient::from_fred(fred_for(&url));
-        runtime().block_on(async {
+        harness::multi_thread_runtime().block_on(async {
             let locks: Locks<str> = client.lock_with(options()).expect("opts");
             let value = quick("with_lock first", locks.with_lock("k2", QUICK, async { 7 })).await;
             assert_eq!(
@@ -1012,7 +1005,7 @@ fn from_fred_outside_a_runtime_connects_on_first_use() {
         // 3. A fred client the caller connected themselves (in the runtime used below), wrapped
         //    outside it; a command of one's own on `LockClient::fred` first.
         let own = fred_for(&url);
-        let runtime = runtime();
+        let runtime = harness::multi_thread_runtime();
         runtime
             .block_on(async { own.init().await.map(drop) })
             .expect("connect the caller's client");
