@@ -48,6 +48,12 @@ impl Link {
     pub(crate) fn new(task: Option<ConnectHandle>) -> Self {
         Link { task, id: None }
     }
+
+    /// Whether the connection's task has ended: it was aborted, gave up, or the runtime it ran
+    /// on shut down. The connection is then dead, whatever its client's state says.
+    fn ended(&self) -> bool {
+        self.task.as_ref().is_some_and(ConnectHandle::is_finished)
+    }
 }
 
 /// A bounded set of exclusive connections, cloned from the shared client's configuration.
@@ -133,7 +139,9 @@ impl DedicatedPool {
         loop {
             let reused = self.idle.lock().ok().and_then(|mut idle| idle.pop());
             let Some((conn, link)) = reused else { break };
-            if conn.is_connected() {
+            // A task that ended (its runtime shut down) leaves the client claiming to be
+            // connected, with nothing left to send its commands.
+            if conn.is_connected() && !link.ended() {
                 return Ok(Loan {
                     conn,
                     link: Some(link),

@@ -47,6 +47,7 @@ macro_rules! behaviour_suite {
             binary_and_unicode_keys,
             fencing_tokens_increase,
             invalid_arguments,
+            outlives_the_runtime_that_connected_it,
         );
     };
 }
@@ -575,4 +576,81 @@ pub async fn invalid_arguments(target: &Target) {
     // Absurdly large values are not errors (nor panics): they mean "wait as long as it takes".
     let forever = locks.with_lock("forever", Duration::MAX, async { 1 }).await;
     assert_eq!(forever.expect("Duration::MAX wait"), 1);
+}
+
+/// A client kept across runtimes (a `static`, or the global client of `#[locked]`, used by
+/// several `#[tokio::test]`s, each with a runtime of its own): after the runtime that connected
+/// it shut down, it works on the next one (it failed with "Failed to send command to router"),
+/// and its waiters are still woken by release notifications, not left to their 500 ms poll.
+/// Runs its runtimes on a blocking thread of the test's own.
+pub async fn outlives_the_runtime_that_connected_it(target: &Target) {
+    let target = target.clone();
+    tokio::task::spawn_blocking(move || outlive_runtimes(&target))
+        .await
+        .expect("the runtimes' thread");
+}
+
+fn outlive_runtimes(target: &Target) {
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    }
+    let name = format!("{} {}", target.kind.name(), target.label);
+    let ns = target.ns("runtimes");
+    let options = || {
+        LockOptions::new()
+            .namespace(ns.as_str())
+            .lease(Duration::from_secs(5))
+    };
+    let client = runtime().block_on(target.client());
+    for round in 0..3 {
+        runtime().block_on(async {
+            let locks: Locks<str> = client.lock_with(options()).expect("opts");
+            let first = tokio::time::timeout(
+                Duration::from_secs(10),
+                locks.with_lock("k", Duration::from_secs(2), async {}),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{name} round {round}: no answer in 10 s"));
+            assert!(first.is_ok(), "{name} round {round}: {first:?}");
+            // Another client (another process) holds; this client's waiter queues on the
+            // server and subscribes; the release hands over and notifies it.
+            let other = target.client().await;
+            let holder: Locks<str> = other.lock_with(options()).expect("opts");
+            let (held, is_held) = tokio::sync::oneshot::channel();
+            let holding = tokio::spawn(async move {
+                holder
+                    .with_lock("contended", Duration::from_secs(2), async {
+                        let _ = held.send(());
+                        // Released 100 ms in: a waiter that misses its notification finds the
+                        // lock at its next poll, ~500 ms in.
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        Instant::now()
+                    })
+                    .await
+            });
+            is_held.await.expect("the holder took the lock");
+            let took = locks
+                .with_lock("contended", Duration::from_secs(5), async {
+                    Instant::now()
+                })
+                .await
+                .unwrap_or_else(|e| panic!("{name} round {round}: waiter: {e}"));
+            let released = holding
+                .await
+                .expect("holder task")
+                .unwrap_or_else(|e| panic!("{name} round {round}: holder: {e}"));
+            let gap = took.saturating_duration_since(released);
+            println!("{name} round {round}: the waiter took the lock {gap:?} after the release");
+            assert!(
+                gap < Duration::from_millis(250),
+                "{name} round {round}: the waiter took the lock {gap:?} after the release \
+                 (not woken by its notification)"
+            );
+            other.quit().await;
+        });
+    }
+    runtime().block_on(client.quit());
 }
