@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use harness::{Server, ServerKind, connected_clients, settle_clients};
-use sage_lock::fred::interfaces::KeysInterface;
+use sage_lock::fred::interfaces::{ClientLike, KeysInterface};
 use sage_lock::{LockClient, LockError, LockOptions, Locks};
 
 /// How long a call on a closed client may take: it sends nothing, so this is generous.
@@ -367,5 +367,117 @@ async fn releases_of_cancelled_holders_finish_before_quit_closes() {
             left.len()
         );
         observer.quit().await;
+    }
+}
+
+/// Asks Sentinel for a failover away from the current primary and waits for it (retried while
+/// Sentinel is not ready for another one). Returns the new primary's port.
+fn sentinel_failover(setup: &harness::SentinelSetup) -> u16 {
+    let old = setup.current_primary_port();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match setup.sentinels[0].cmd(&["SENTINEL", "FAILOVER", harness::SENTINEL_SERVICE]) {
+            Ok(harness::Reply::Error(e)) if Instant::now() < deadline => {
+                println!("SENTINEL FAILOVER refused ({e}); again");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Ok(harness::Reply::Error(e)) | Err(e) => panic!("SENTINEL FAILOVER: {e}"),
+            Ok(_) => break,
+        }
+    }
+    setup
+        .wait_for_failover(old, Duration::from_secs(20))
+        .expect("the failover completes")
+}
+
+/// Whether `client`'s shared connection is on the server at `port`.
+fn shared_on(client: &LockClient, port: u16) -> bool {
+    client
+        .fred()
+        .active_connections()
+        .iter()
+        .any(|server| server.port == port)
+}
+
+/// A runtime shut down while the shared connection was being moved to a new primary (a release
+/// found the old one demoted; the reconnection waits on Sentinels that do not answer): on the
+/// next runtime, the next failover still moves the shared connection within seconds. The flag
+/// that marks a reconnection under way was cleared at the end of the reconnection task only,
+/// which a runtime shutdown drops mid-way: every later reconnection was skipped, and the shared
+/// connection stayed on a demoted primary until fred noticed by itself.
+#[test]
+fn a_runtime_shut_down_mid_reconnection_leaves_later_failovers_handled() {
+    for kind in ServerKind::ALL {
+        let name = kind.name();
+        let setup = harness::SentinelSetup::start(kind);
+        let first = harness::multi_thread_runtime();
+        let (client, locks) = first.block_on(async {
+            let client = LockClient::connect(&setup.url()).await.expect("connect");
+            let locks: Locks<str> = client
+                .lock_with(options("mid-reconnect", Duration::from_secs(2)))
+                .expect("opts");
+            locks
+                .with_lock("warm", Duration::from_secs(2), async {})
+                .await
+                .expect("warm");
+            (client, locks)
+        });
+        let promoted = sentinel_failover(&setup);
+        first.block_on(async {
+            // The acquisition reaches the new primary on a dedicated connection. The release,
+            // on the shared connection still on the demoted one, starts the shared connection's
+            // reconnection, which asks the Sentinels: stopped, they leave it pending.
+            locks
+                .with_lock("after", Duration::from_secs(10), async {
+                    for sentinel in &setup.sentinels {
+                        sentinel.pause();
+                    }
+                })
+                .await
+                .unwrap_or_else(|e| panic!("{name}: with_lock after the failover: {e}"));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        });
+        let moved_before_shutdown = shared_on(&client, promoted);
+        // Drops the reconnection task mid-way.
+        first.shutdown_timeout(Duration::from_millis(100));
+        for sentinel in &setup.sentinels {
+            sentinel.resume();
+        }
+        assert!(
+            !moved_before_shutdown,
+            "{name}: the reconnection completed before the runtime shut down: nothing tested"
+        );
+        let second = harness::multi_thread_runtime();
+        second.block_on(async {
+            // The shared connection starts again on this runtime, through Sentinel.
+            locks
+                .with_lock("again", Duration::from_secs(10), async {})
+                .await
+                .unwrap_or_else(|e| panic!("{name}: on the next runtime: {e}"));
+        });
+        let promoted_again = sentinel_failover(&setup);
+        second.block_on(async {
+            locks
+                .with_lock("after-second", Duration::from_secs(10), async {})
+                .await
+                .unwrap_or_else(|e| panic!("{name}: with_lock after the second failover: {e}"));
+            let released = Instant::now();
+            let mut moved = None;
+            while released.elapsed() < Duration::from_secs(15) {
+                if shared_on(&client, promoted_again) {
+                    moved = Some(released.elapsed());
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            println!(
+                "{name}: after the second failover, shared connection on the new primary after {moved:?}"
+            );
+            assert!(
+                moved.is_some_and(|t| t < Duration::from_secs(5)),
+                "{name}: the shared connection moved after {moved:?}: no reconnection"
+            );
+            client.quit().await;
+        });
     }
 }
