@@ -581,8 +581,8 @@ pub async fn invalid_arguments(target: &Target) {
 /// A client kept across runtimes (a `static`, or the global client of `#[locked]`, used by
 /// several `#[tokio::test]`s, each with a runtime of its own): after the runtime that connected
 /// it shut down, it works on the next one (it failed with "Failed to send command to router"),
-/// and its waiters are still woken by release notifications, not left to their 500 ms poll.
-/// Runs its runtimes on a blocking thread of the test's own.
+/// its locks are renewed, and its waiters are still woken by release notifications, not left
+/// to their 500 ms poll. Runs its runtimes on a blocking thread of the test's own.
 pub async fn outlives_the_runtime_that_connected_it(target: &Target) {
     let target = target.clone();
     tokio::task::spawn_blocking(move || outlive_runtimes(&target))
@@ -615,6 +615,25 @@ fn outlive_runtimes(target: &Target) {
             .await
             .unwrap_or_else(|_| panic!("{name} round {round}: no answer in 10 s"));
             assert!(first.is_ok(), "{name} round {round}: {first:?}");
+            if round > 0 {
+                // The renewer started on the runtime before is gone with it.
+                let short: Locks<str> = client
+                    .lock_with(
+                        LockOptions::new()
+                            .namespace(ns.as_str())
+                            .lease(Duration::from_millis(400)),
+                    )
+                    .expect("opts");
+                let held = short
+                    .with_lock("renewed", Duration::from_secs(2), async {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    })
+                    .await;
+                assert!(
+                    held.is_ok(),
+                    "{name} round {round}: a 400 ms lease held for 1 s: {held:?}"
+                );
+            }
             // Another client (another process) holds; this client's waiter queues on the
             // server and subscribes; the release hands over and notifies it.
             let other = target.client().await;
