@@ -5,8 +5,18 @@
 //! directory, without persistence, and stopped again when the example ends (on drop, on Ctrl-C,
 //! and — through a small watchdog process — even when the example is killed).
 
+// Doctests (the README's snippets too) warn about nothing but unused items.
+#![doc(test(attr(deny(warnings), allow(unused))))]
+
 pub mod floor;
 pub mod multiprocess;
+
+/// The README's Rust snippets, compiled by `cargo test -p sage-lock-examples --doc` (part of
+/// `scripts/test.sh`) so that what users copy cannot go stale. Hosted here, in a crate that is
+/// not published, because the README lies outside the `sage-lock` package directory.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
 
 use std::fmt;
 use std::fs;
