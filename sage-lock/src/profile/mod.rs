@@ -258,9 +258,9 @@ impl Profiles {
         self.by_name.is_empty()
     }
 
-    /// The environment variable overriding `setting` (`LEASE`, `WAIT`, `NAMESPACE` or
-    /// `REPLICA_ACK`) of the profile `name`: `SAGE_LOCK_PROFILE_<NAME>_<SETTING>`, the name
-    /// upper-cased with `-` and `.` turned into `_`.
+    /// The environment variable overriding `setting` (`LEASE`, `WAIT`, `NAMESPACE`,
+    /// `REPLICA_ACK`, `HOLD_AT_LEAST` or `REENTRANT`) of the profile `name`:
+    /// `SAGE_LOCK_PROFILE_<NAME>_<SETTING>`, the name upper-cased with `-` and `.` turned into `_`.
     ///
     /// ```
     /// assert_eq!(
