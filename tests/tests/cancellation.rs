@@ -1,0 +1,724 @@
+//! Cancellation of waiters and holders under contention, for the read-write lock, the semaphore
+//! and the multi-key lock: callers in two clients (two processes, as far as the locks can tell)
+//! contend for one key (three, for `with_locks`), and most of them are cancelled, by
+//! `tokio::time::timeout` or `JoinHandle::abort`, at times spread over the first 20 ms, so the
+//! cancellation lands before, during and after the acquire round trip, while queued, during a
+//! hand-off and in the body.
+//!
+//! Asserted: exclusion is never broken; once a wave of callers has ended, nothing of theirs is
+//! left on the server (no holder, reader, permit or queue place: only the fencing counters and
+//! the mutex's grant markers, which are meant to stay) well before a dead waiter's place would
+//! end on its own (1 s for the read-write lock, 2 s otherwise), and a `try_*` call of the
+//! conflicting kind gets in at once; no local waiter bookkeeping is left and the clients hold no
+//! more connections than their shared and subscriber ones. A holder cancelled mid-body lets the
+//! next waiter in at once, and a waiter cancelled while a release hands it the lock passes it on
+//! at once, not after the hand-off lease.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use harness::{Server, ServerKind, connected_clients, settle_clients};
+use sage_lock::{LockClient, LockError, LockOptions, Locks, RwLocks, Semaphores};
+use tokio::sync::oneshot;
+
+/// Permits of the semaphore under test.
+const PERMITS: u32 = 2;
+/// Callers per wave (half in each client) and waves per primitive and server.
+const WAVE: usize = 12;
+const WAVES: usize = 25;
+/// How long a wave's leftovers may take to go (background releases): well below the shortest
+/// place a dead waiter keeps (the read-write lock's `WRITER_INTENT`, 1 s), so a place left
+/// behind is seen before it could expire.
+const SETTLE: Duration = Duration::from_millis(600);
+/// The lease of every hold: far longer than the test, so a hold left behind never expires in
+/// time to hide.
+const LEASE: Duration = Duration::from_secs(20);
+/// The multi-key lock's keys.
+const MULTI_KEYS: [&str; 3] = ["a", "b", "c"];
+/// Every key any test here locks.
+const MULTI_KEYS_AND_K: [&str; 4] = ["a", "b", "c", "k"];
+
+type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// The primitive under test, one family per client.
+#[derive(Clone)]
+enum Primitive {
+    Semaphore(Semaphores<str>),
+    RwLock(RwLocks<str>),
+    Multi(Locks<str>),
+}
+
+impl Primitive {
+    /// The family `name` ("semaphore" of `permits`, "rwlock" or "multi") on `client`.
+    fn new(name: &str, client: &LockClient, namespace: &str, permits: u32) -> Primitive {
+        let options = LockOptions::new().namespace(namespace).lease(LEASE);
+        match name {
+            "semaphore" => {
+                Primitive::Semaphore(client.semaphore_with(permits, options).expect("opts"))
+            }
+            "rwlock" => Primitive::RwLock(client.rw_lock_with(options).expect("opts")),
+            "multi" => Primitive::Multi(client.lock_with(options).expect("opts")),
+            other => panic!("no primitive {other}"),
+        }
+    }
+
+    /// `op` on this family (key `k`, or [`MULTI_KEYS`] by index), waiting up to `wait`.
+    fn run<T: Send + 'static>(
+        &self,
+        op: &Op,
+        wait: Duration,
+        body: impl Future<Output = T> + Send + 'static,
+    ) -> Boxed<Result<T, LockError>> {
+        match (self, op) {
+            (Primitive::Semaphore(sem), Op::Permit) => Box::pin(sem.acquire("k", wait, body)),
+            (Primitive::RwLock(rw), Op::Write) => Box::pin(rw.write("k", wait, body)),
+            (Primitive::RwLock(rw), Op::Read) => Box::pin(rw.read("k", wait, body)),
+            (Primitive::Multi(locks), Op::Keys(keys)) if keys.len() == 1 => {
+                Box::pin(locks.with_lock(MULTI_KEYS[keys[0]], wait, body))
+            }
+            (Primitive::Multi(locks), Op::Keys(keys)) => {
+                let names: Vec<&str> = keys.iter().map(|&k| MULTI_KEYS[k]).collect();
+                Box::pin(locks.with_locks(&names, wait, body))
+            }
+            (_, op) => panic!("{op:?} is not a call of this primitive"),
+        }
+    }
+
+    /// Storm caller `i`'s call: a permit; a write (every third caller) or a read; two or three
+    /// of the keys, or one of them alone (`with_lock`, every fifth caller). The body holds the
+    /// call's [`Exclusion`] for `hold`. True once it ran.
+    fn call(&self, i: usize, wait: Duration, hold: Duration, ex: &Arc<Exclusion>) -> Boxed<bool> {
+        let op = self.op(i);
+        let body = {
+            let ex = Arc::clone(ex);
+            let op = op.clone();
+            async move {
+                let _inside = ex.enter(op);
+                tokio::time::sleep(hold).await;
+            }
+        };
+        let call = self.run(&op, wait, body);
+        Box::pin(async move {
+            call.await.unwrap_or_else(|e| panic!("caller {i}: {e}"));
+            true
+        })
+    }
+
+    fn op(&self, i: usize) -> Op {
+        match self {
+            Primitive::Semaphore(_) => Op::Permit,
+            Primitive::RwLock(_) if i.is_multiple_of(3) => Op::Write,
+            Primitive::RwLock(_) => Op::Read,
+            Primitive::Multi(_) => Op::Keys(match i % 5 {
+                0 => vec![1],
+                1 => vec![0, 1],
+                2 => vec![1, 2],
+                3 => vec![2, 0],
+                _ => vec![0, 1, 2],
+            }),
+        }
+    }
+
+    /// Whether a caller that does not wait gets in at once, in the most demanding kind: every
+    /// permit, the write lock, all keys. Refused while any hold or live queue place is left.
+    async fn enters_at_once(&self) -> bool {
+        match self {
+            Primitive::Semaphore(sem) => {
+                let sem = sem.clone();
+                let nested = sem.clone();
+                sem.try_acquire("k", async move {
+                    nested.try_acquire("k", async {}).await.expect("try")
+                })
+                .await
+                .expect("try")
+                .is_some_and(|inner| inner.is_some())
+            }
+            Primitive::RwLock(rw) => rw.try_write("k", async {}).await.expect("try").is_some(),
+            Primitive::Multi(locks) => locks
+                .try_with_locks(&MULTI_KEYS, async {})
+                .await
+                .expect("try")
+                .is_some(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Op {
+    Permit,
+    Read,
+    Write,
+    Keys(Vec<usize>),
+}
+
+/// Who is inside a body: permits, readers and writers, holders of each key. Every entry that
+/// breaks exclusion is counted.
+#[derive(Default)]
+struct Exclusion {
+    permits: AtomicUsize,
+    readers: AtomicUsize,
+    writers: AtomicUsize,
+    keys: [AtomicUsize; 3],
+    violations: AtomicUsize,
+    entered: AtomicUsize,
+}
+
+/// Inside a body until dropped (the body finished or was cancelled).
+struct Inside {
+    ex: Arc<Exclusion>,
+    op: Op,
+}
+
+impl Exclusion {
+    fn enter(self: &Arc<Self>, op: Op) -> Inside {
+        self.entered.fetch_add(1, Ordering::SeqCst);
+        let broken = match &op {
+            Op::Permit => self.permits.fetch_add(1, Ordering::SeqCst) >= PERMITS as usize,
+            Op::Read => {
+                self.readers.fetch_add(1, Ordering::SeqCst);
+                self.writers.load(Ordering::SeqCst) > 0
+            }
+            Op::Write => {
+                let writers = self.writers.fetch_add(1, Ordering::SeqCst);
+                writers > 0 || self.readers.load(Ordering::SeqCst) > 0
+            }
+            Op::Keys(keys) => keys
+                .iter()
+                .map(|&k| self.keys[k].fetch_add(1, Ordering::SeqCst))
+                .any(|before| before > 0),
+        };
+        if broken {
+            self.violations.fetch_add(1, Ordering::SeqCst);
+        }
+        Inside {
+            ex: Arc::clone(self),
+            op,
+        }
+    }
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        let ex = &self.ex;
+        match &self.op {
+            Op::Permit => drop(ex.permits.fetch_sub(1, Ordering::SeqCst)),
+            Op::Read => drop(ex.readers.fetch_sub(1, Ordering::SeqCst)),
+            Op::Write => drop(ex.writers.fetch_sub(1, Ordering::SeqCst)),
+            Op::Keys(keys) => {
+                for &k in keys {
+                    ex.keys[k].fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+}
+
+/// How caller `i` ends: one in five runs to the end (waits up to 5 s, so the others contend
+/// with live holders); three in five are cut by `timeout`, one in five aborted, after 0–20 ms.
+#[derive(Debug, Clone, Copy)]
+enum Ending {
+    Runs,
+    TimeoutAfter(Duration),
+    AbortAfter(Duration),
+}
+
+fn ending(i: usize) -> Ending {
+    let cut = Duration::from_micros((i as u64 * 7919) % 20_000);
+    match i % 5 {
+        0 => Ending::Runs,
+        4 => Ending::AbortAfter(cut),
+        _ => Ending::TimeoutAfter(cut),
+    }
+}
+
+/// What the callers of a storm did.
+#[derive(Debug, Default)]
+struct Tally {
+    completed: usize,
+    cancelled: usize,
+    /// The longest a wave's leftovers took to go.
+    slowest_settle: Duration,
+    /// Keys seen right after a wave ended, before its background releases were through.
+    seen_before_settle: usize,
+}
+
+/// Server keys of `namespace` other than the ones meant to stay (fencing counters, the mutex's
+/// grant markers), each with its type, and its members or value.
+fn leftovers(port: u16, namespace: &str) -> Vec<String> {
+    let pattern = format!("{{{namespace}:*");
+    let mut left = Vec::new();
+    let mut cursor = "0".to_owned();
+    loop {
+        let reply = harness::cmd_ok(port, &["SCAN", &cursor, "MATCH", &pattern, "COUNT", "1000"]);
+        let parts = reply.as_array().expect("SCAN reply");
+        cursor = parts[0].to_text().expect("cursor");
+        for key in parts[1].as_array().expect("SCAN keys") {
+            let key = key.to_text().expect("key");
+            if key.ends_with(":fence") || key.ends_with(":since") {
+                continue;
+            }
+            let kind = harness::cmd_ok(port, &["TYPE", &key]).to_plain();
+            let content = match kind.as_str() {
+                "zset" => harness::cmd_ok(port, &["ZRANGE", &key, "0", "-1", "WITHSCORES"]),
+                "list" => harness::cmd_ok(port, &["LRANGE", &key, "0", "-1"]),
+                _ => harness::cmd_ok(port, &["GET", &key]),
+            }
+            .to_plain();
+            let pttl = harness::cmd_ok(port, &["PTTL", &key]).to_plain();
+            left.push(format!("{key} ({kind}, pttl {pttl} ms): {content}"));
+        }
+        if cursor == "0" {
+            return left;
+        }
+    }
+}
+
+/// The suffixes of the waiter queues: the semaphore's, the read-write lock's writers' and
+/// readers', the mutex's (which `with_locks` joins).
+const QUEUES: [&str; 4] = [":sem-queue", ":wq", ":rq", ":queue"];
+
+/// The distinct tokens queued in any waiter queue of `namespace`'s key `key`.
+fn queued(port: u16, namespace: &str, keys: &[&str]) -> std::collections::BTreeSet<String> {
+    let mut tokens = std::collections::BTreeSet::new();
+    for key in keys {
+        for suffix in QUEUES {
+            let queue = format!("{{{namespace}:{key}}}{suffix}");
+            let members = if suffix == ":queue" {
+                harness::cmd_ok(port, &["LRANGE", &queue, "0", "-1"])
+            } else {
+                harness::cmd_ok(port, &["ZRANGE", &queue, "0", "-1"])
+            };
+            for member in members.as_array().unwrap_or_default() {
+                tokens.insert(member.to_text().expect("token"));
+            }
+        }
+    }
+    tokens
+}
+
+/// Polls until at least `n` tokens are queued on `keys` of `namespace` (at most 5 s).
+async fn until_queued(port: u16, namespace: &str, keys: &[&str], n: usize, who: &str) {
+    let start = Instant::now();
+    while queued(port, namespace, keys).len() < n {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{who}: never {n} queued"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Watches `namespace` from a thread while a storm runs: the most tokens ever queued at once,
+/// so the storm can tell that its waiters queued on the server.
+struct Sampler {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<usize>,
+}
+
+impl Sampler {
+    fn start(port: u16, namespace: &str, keys: &'static [&'static str]) -> Sampler {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let namespace = namespace.to_owned();
+        let thread = std::thread::spawn({
+            let stop = Arc::clone(&stop);
+            move || {
+                let mut most = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    most = most.max(queued(port, &namespace, keys).len());
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                most
+            }
+        });
+        Sampler { stop, thread }
+    }
+
+    /// The most tokens queued at once.
+    fn finish(self) -> usize {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("sampler")
+    }
+}
+
+/// Runs one caller, ending as [`ending`] says; true when it ran to the end.
+async fn caller(call: Boxed<bool>, end: Ending) -> bool {
+    match end {
+        Ending::Runs => call.await,
+        Ending::TimeoutAfter(cut) => tokio::time::timeout(cut, call).await.unwrap_or(false),
+        Ending::AbortAfter(cut) => {
+            let task = tokio::spawn(call);
+            tokio::time::sleep(cut).await;
+            task.abort();
+            match task.await {
+                Ok(done) => done,
+                Err(e) if e.is_cancelled() => false,
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            }
+        }
+    }
+}
+
+/// [`WAVES`] waves of [`WAVE`] callers of `primitive`, alternating between two clients, most
+/// of them cancelled; after each wave, the server is clean within [`SETTLE`] and a caller that
+/// does not wait gets in.
+async fn storm(primitive: &str) {
+    for kind in ServerKind::ALL {
+        let name = format!("{primitive} on {}", kind.name());
+        let server = Server::start(kind);
+        let port = server.port();
+        let baseline = connected_clients(port);
+        let namespace = format!("cancel-{primitive}-{}", rand::random::<u32>());
+        let clients = [
+            LockClient::connect(&server.url()).await.expect("connect"),
+            LockClient::connect(&server.url()).await.expect("connect"),
+        ];
+        let families = clients
+            .each_ref()
+            .map(|client| Primitive::new(primitive, client, &namespace, PERMITS));
+        let ex = Arc::new(Exclusion::default());
+        // The detector sees a hold.
+        let seen = families[0]
+            .run(&families[0].op(1), Duration::from_secs(2), {
+                let namespace = namespace.clone();
+                async move { leftovers(port, &namespace) }
+            })
+            .await
+            .expect("a first hold");
+        assert!(
+            !seen.is_empty(),
+            "{name}: a hold left no trace on the server"
+        );
+        let sampler = Sampler::start(port, &namespace, &MULTI_KEYS_AND_K);
+        let mut tally = Tally::default();
+        for wave in 0..WAVES {
+            let mut tasks = Vec::new();
+            for j in 0..WAVE {
+                let i = wave * WAVE + j;
+                let hold = Duration::from_micros((i as u64 * 4243) % 10_000);
+                let call = families[j % 2].call(i, Duration::from_secs(5), hold, &ex);
+                let end = ending(i);
+                tasks.push(tokio::spawn(caller(call, end)));
+                if j % 3 == 2 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            for task in tasks {
+                if task.await.expect("caller") {
+                    tally.completed += 1;
+                } else {
+                    tally.cancelled += 1;
+                }
+            }
+            let ended = Instant::now();
+            tally.seen_before_settle += leftovers(port, &namespace).len();
+            let mut left = leftovers(port, &namespace);
+            while !left.is_empty() && ended.elapsed() < SETTLE {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                left = leftovers(port, &namespace);
+            }
+            tally.slowest_settle = tally.slowest_settle.max(ended.elapsed());
+            assert!(
+                left.is_empty(),
+                "{name}, wave {wave}: {} after the callers ended, left on the server:\n{}",
+                humanize(ended.elapsed()),
+                left.join("\n")
+            );
+            for (c, client) in clients.iter().enumerate() {
+                assert_eq!(
+                    sage_lock::__private::waiter_keys(client),
+                    0,
+                    "{name}, wave {wave}: client {c} still has local waiters"
+                );
+            }
+            assert!(
+                families[wave % 2].enters_at_once().await,
+                "{name}, wave {wave}: a caller that does not wait was refused on a clean server"
+            );
+        }
+        let most_queued = sampler.finish();
+        let open = connected_clients(port);
+        let stats = clients.each_ref().map(LockClient::stats);
+        let (busy, handoffs) = (
+            stats[0].busy_retries + stats[1].busy_retries,
+            stats[0].handoffs + stats[1].handoffs,
+        );
+        println!(
+            "{name}: {} callers, {} cancelled, {} ran to the end, {} bodies entered; \
+             {busy} busy attempts, {handoffs} hand-offs, at most {most_queued} queued at once; \
+             {} keys seen as waves ended, all gone within {:?} at most; \
+             connections {open} (baseline {baseline})",
+            WAVE * WAVES,
+            tally.cancelled,
+            tally.completed,
+            ex.entered.load(Ordering::SeqCst),
+            tally.seen_before_settle,
+            tally.slowest_settle,
+        );
+        assert!(
+            most_queued >= 2 && handoffs > 0,
+            "{name}: the waiters of both clients never queued on the server together \
+             ({most_queued} at most) or were never handed the lock ({handoffs})"
+        );
+        assert_eq!(
+            ex.violations.load(Ordering::SeqCst),
+            0,
+            "{name}: exclusion broken"
+        );
+        assert!(
+            tally.cancelled >= WAVE * WAVES / 2,
+            "{name}: only {} callers were cancelled",
+            tally.cancelled
+        );
+        // Each client: its shared connection and its subscriber connection, nothing more.
+        assert!(
+            open <= baseline + 4,
+            "{name}: {open} connections open, baseline {baseline} + 2 per client"
+        );
+        drop(families);
+        drop(clients);
+        let left = settle_clients(port, baseline, Duration::from_secs(5)).await;
+        assert!(
+            left <= baseline,
+            "{name}: {left} connections after dropping the clients (baseline {baseline})"
+        );
+    }
+}
+
+fn humanize(d: Duration) -> String {
+    format!("{:.0} ms", d.as_secs_f64() * 1000.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_semaphore_callers_leave_nothing_behind() {
+    storm("semaphore").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_read_write_callers_leave_nothing_behind() {
+    storm("rwlock").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_multi_key_callers_leave_nothing_behind() {
+    storm("multi").await;
+}
+
+/// A call in a task whose body reports when it entered, then holds until it is cancelled.
+struct Running {
+    entered: oneshot::Receiver<Instant>,
+    cancel: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Starts `op` on `family`, waiting up to 10 s.
+    fn start(family: &Primitive, op: &Op) -> Running {
+        let (entered_tx, entered) = oneshot::channel();
+        let (cancel, cancelled) = oneshot::channel::<()>();
+        let call = family.run(op, Duration::from_secs(10), async move {
+            let _ = entered_tx.send(Instant::now());
+            std::future::pending::<()>().await;
+        });
+        let task = tokio::spawn(async move {
+            tokio::select! {
+                result = call => panic!("the body never ends: {result:?}"),
+                _ = cancelled => {}
+            }
+        });
+        Running {
+            entered,
+            cancel,
+            task,
+        }
+    }
+
+    /// Cancels the call now: `JoinHandle::abort`, or its future dropped inside the task (as
+    /// `tokio::time::timeout` drops it). Returns when.
+    async fn cancel(self, by_abort: bool) -> Instant {
+        let at = Instant::now();
+        if by_abort {
+            self.task.abort();
+        } else {
+            let _ = self.cancel.send(());
+        }
+        match self.task.await {
+            Ok(()) => {}
+            Err(e) if e.is_cancelled() => {}
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+        at
+    }
+}
+
+/// When `running`'s body entered (at most 5 s from now).
+async fn entered(running: &mut Running, who: &str) -> Instant {
+    tokio::time::timeout(Duration::from_secs(5), &mut running.entered)
+        .await
+        .unwrap_or_else(|_| panic!("{who} did not enter within 5 s"))
+        .expect("entered")
+}
+
+/// One case: which primitive, what the holder, the first waiter and the waiter behind it call.
+struct Case {
+    primitive: &'static str,
+    holder: Op,
+    first: Op,
+    behind: Op,
+}
+
+fn cases() -> Vec<Case> {
+    let case = |primitive, holder, first, behind| Case {
+        primitive,
+        holder,
+        first,
+        behind,
+    };
+    let keys = |k: &[usize]| Op::Keys(k.to_vec());
+    vec![
+        case("semaphore", Op::Permit, Op::Permit, Op::Permit),
+        case("rwlock", Op::Write, Op::Write, Op::Write),
+        case("rwlock", Op::Write, Op::Read, Op::Write),
+        case("rwlock", Op::Write, Op::Write, Op::Read),
+        case("rwlock", Op::Read, Op::Write, Op::Write),
+        case("multi", keys(&[0, 1]), keys(&[0, 1]), keys(&[0])),
+        case("multi", keys(&[0, 1]), keys(&[0]), keys(&[0, 1])),
+        case("multi", keys(&[0, 1]), keys(&[1, 2]), keys(&[1])),
+    ]
+}
+
+impl Case {
+    fn name(&self, kind: ServerKind) -> String {
+        format!(
+            "{} on {}: {:?} held, {:?} waits, {:?} behind",
+            self.primitive,
+            kind.name(),
+            self.holder,
+            self.first,
+            self.behind
+        )
+    }
+}
+
+/// Three clients of one server, each with a one-permit family of `primitive` in `namespace`.
+async fn three(server: &Server, primitive: &str, namespace: &str) -> [Primitive; 3] {
+    let mut families = Vec::new();
+    for _ in 0..3 {
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        families.push(Primitive::new(primitive, &client, namespace, 1));
+    }
+    families.try_into().unwrap_or_else(|_| unreachable!())
+}
+
+/// The median and the longest of `gaps`.
+fn spread(gaps: &mut [Duration]) -> (Duration, Duration) {
+    gaps.sort();
+    (gaps[gaps.len() / 2], gaps[gaps.len() - 1])
+}
+
+/// How soon after a cancellation the next caller must enter: a release round trip and a
+/// hand-off take about a millisecond here; a waiter left to its poll would take up to 500 ms,
+/// one behind a hold left to expire (or a hand-off to a dead waiter) the hand-off lease, 2 s.
+const PROMPT: Duration = Duration::from_millis(300);
+
+/// A holder cancelled mid-body (aborted, or its future dropped) lets the waiter of another
+/// client in at once, long before its 20 s lease would end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cancelled_mid_body_lets_the_next_waiter_in_at_once() {
+    const ROUNDS: usize = 6;
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        for case in cases() {
+            let name = case.name(kind);
+            let namespace = format!("cancel-holder-{}", rand::random::<u32>());
+            let families = three(server, case.primitive, &namespace).await;
+            let mut gaps = Vec::new();
+            for round in 0..ROUNDS {
+                let mut holder = Running::start(&families[0], &case.holder);
+                entered(&mut holder, &name).await;
+                let mut waiter = Running::start(&families[1], &case.first);
+                until_queued(server.port(), &namespace, &MULTI_KEYS_AND_K, 1, &name).await;
+                let cancelled = holder.cancel(round % 2 == 0).await;
+                let entry = entered(&mut waiter, &name).await;
+                gaps.push(entry.saturating_duration_since(cancelled));
+                waiter.cancel(true).await;
+            }
+            let (median, longest) = spread(&mut gaps);
+            println!(
+                "{name}: the waiter entered {median:?} (median), {longest:?} (longest) after the holder was cancelled"
+            );
+            assert!(
+                longest < PROMPT,
+                "{name}: a waiter entered {longest:?} after its holder was cancelled: {gaps:?}"
+            );
+            settled(server.port(), &namespace, &name).await;
+        }
+    }
+}
+
+/// A waiter cancelled around the moment a release hands it the lock (0–4 ms after the
+/// release, in 200 µs steps, so before, during and after the hand-off arrives) passes it on
+/// to the waiter behind it at once, not after the hand-off lease. The waiter behind is in a
+/// third client, or in the releasing one (whose release reply names it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_cancelled_during_its_hand_off_passes_it_on_at_once() {
+    const ROUNDS: u64 = 20;
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        for case in cases() {
+            let name = case.name(kind);
+            let namespace = format!("cancel-handoff-{}", rand::random::<u32>());
+            let families = three(server, case.primitive, &namespace).await;
+            let mut gaps = Vec::new();
+            let mut first_entered = 0;
+            for round in 0..ROUNDS {
+                let mut holder = Running::start(&families[0], &case.holder);
+                entered(&mut holder, &name).await;
+                let mut first = Running::start(&families[1], &case.first);
+                until_queued(server.port(), &namespace, &MULTI_KEYS_AND_K, 1, &name).await;
+                let mut behind = Running::start(&families[2 * (round as usize % 2)], &case.behind);
+                until_queued(server.port(), &namespace, &MULTI_KEYS_AND_K, 2, &name).await;
+                let delay = Duration::from_micros(round * 200);
+                let released = holder.cancel(round % 3 == 0).await;
+                while released.elapsed() < delay {
+                    tokio::task::yield_now().await;
+                }
+                if first.entered.try_recv().is_ok() {
+                    first_entered += 1;
+                }
+                let cancelled = first.cancel(round % 2 == 1).await;
+                let entry = entered(&mut behind, &name).await;
+                gaps.push(entry.saturating_duration_since(cancelled));
+                behind.cancel(true).await;
+            }
+            let (median, longest) = spread(&mut gaps);
+            println!(
+                "{name}: the caller behind entered {median:?} (median), {longest:?} (longest) \
+                 after the first waiter was cancelled; {first_entered} of {ROUNDS} first \
+                 waiters had entered"
+            );
+            assert!(
+                longest < PROMPT,
+                "{name}: the caller behind a cancelled waiter entered {longest:?} after it: {gaps:?}"
+            );
+            settled(server.port(), &namespace, &name).await;
+        }
+    }
+}
+
+/// Nothing of `namespace` is left on the server within [`SETTLE`].
+async fn settled(port: u16, namespace: &str, name: &str) {
+    let start = Instant::now();
+    let mut left = leftovers(port, namespace);
+    while !left.is_empty() && start.elapsed() < SETTLE {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        left = leftovers(port, namespace);
+    }
+    assert!(
+        left.is_empty(),
+        "{name}: left on the server:\n{}",
+        left.join("\n")
+    );
+}
