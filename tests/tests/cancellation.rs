@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use harness::{Server, ServerKind, connected_clients, settle_clients};
+use harness::{Cluster, Replicated, Server, ServerKind, connected_clients, settle_clients};
 use sage_lock::{LockClient, LockError, LockOptions, Locks, RwLocks, Semaphores};
 use tokio::sync::oneshot;
 
@@ -65,32 +65,56 @@ impl Primitive {
         }
     }
 
-    /// `op` on this family (key `k`, or [`MULTI_KEYS`] by index), waiting up to `wait`.
+    /// `op` on this family (key `k`, or [`MULTI_KEYS`] by index), waiting up to `wait`, or
+    /// with `None` not waiting (`Ok(None)`: busy).
     fn run<T: Send + 'static>(
         &self,
         op: &Op,
-        wait: Duration,
+        wait: Option<Duration>,
         body: impl Future<Output = T> + Send + 'static,
-    ) -> Boxed<Result<T, LockError>> {
-        match (self, op) {
-            (Primitive::Semaphore(sem), Op::Permit) => Box::pin(sem.acquire("k", wait, body)),
-            (Primitive::RwLock(rw), Op::Write) => Box::pin(rw.write("k", wait, body)),
-            (Primitive::RwLock(rw), Op::Read) => Box::pin(rw.read("k", wait, body)),
-            (Primitive::Multi(locks), Op::Keys(keys)) if keys.len() == 1 => {
-                Box::pin(locks.with_lock(MULTI_KEYS[keys[0]], wait, body))
+    ) -> Boxed<Result<Option<T>, LockError>> {
+        fn waited<T>(
+            call: impl Future<Output = Result<T, LockError>> + Send + 'static,
+        ) -> Boxed<Result<Option<T>, LockError>> {
+            Box::pin(async move { call.await.map(Some) })
+        }
+        let names = |keys: &[usize]| -> Vec<&str> { keys.iter().map(|&k| MULTI_KEYS[k]).collect() };
+        match (self, op, wait) {
+            (Primitive::Semaphore(sem), Op::Permit, Some(wait)) => {
+                waited(sem.acquire("k", wait, body))
             }
-            (Primitive::Multi(locks), Op::Keys(keys)) => {
-                let names: Vec<&str> = keys.iter().map(|&k| MULTI_KEYS[k]).collect();
-                Box::pin(locks.with_locks(&names, wait, body))
+            (Primitive::Semaphore(sem), Op::Permit, None) => Box::pin(sem.try_acquire("k", body)),
+            (Primitive::RwLock(rw), Op::Write, Some(wait)) => waited(rw.write("k", wait, body)),
+            (Primitive::RwLock(rw), Op::Write, None) => Box::pin(rw.try_write("k", body)),
+            (Primitive::RwLock(rw), Op::Read, Some(wait)) => waited(rw.read("k", wait, body)),
+            (Primitive::RwLock(rw), Op::Read, None) => Box::pin(rw.try_read("k", body)),
+            (Primitive::Multi(locks), Op::Keys(keys), Some(wait)) if keys.len() == 1 => {
+                waited(locks.with_lock(MULTI_KEYS[keys[0]], wait, body))
             }
-            (_, op) => panic!("{op:?} is not a call of this primitive"),
+            (Primitive::Multi(locks), Op::Keys(keys), None) if keys.len() == 1 => {
+                Box::pin(locks.try_with_lock(MULTI_KEYS[keys[0]], body))
+            }
+            (Primitive::Multi(locks), Op::Keys(keys), Some(wait)) => {
+                waited(locks.with_locks(&names(keys), wait, body))
+            }
+            (Primitive::Multi(locks), Op::Keys(keys), None) => {
+                Box::pin(locks.try_with_locks(&names(keys), body))
+            }
+            (_, op, _) => panic!("{op:?} is not a call of this primitive"),
         }
     }
 
     /// Storm caller `i`'s call: a permit; a write (every third caller) or a read; two or three
-    /// of the keys, or one of them alone (`with_lock`, every fifth caller). The body holds the
-    /// call's [`Exclusion`] for `hold`. True once it ran.
-    fn call(&self, i: usize, wait: Duration, hold: Duration, ex: &Arc<Exclusion>) -> Boxed<bool> {
+    /// of the keys, or one of them alone (`with_lock`, every fifth caller), waiting up to
+    /// `wait` (or with `None`, not waiting). The body holds the call's [`Exclusion`] for
+    /// `hold`. A `TimedOut` is an outcome; any other error fails the test.
+    fn call(
+        &self,
+        i: usize,
+        wait: Option<Duration>,
+        hold: Duration,
+        ex: &Arc<Exclusion>,
+    ) -> Boxed<Outcome> {
         let op = self.op(i);
         let body = {
             let ex = Arc::clone(ex);
@@ -102,8 +126,12 @@ impl Primitive {
         };
         let call = self.run(&op, wait, body);
         Box::pin(async move {
-            call.await.unwrap_or_else(|e| panic!("caller {i}: {e}"));
-            true
+            match call.await {
+                Ok(Some(())) => Outcome::Ran,
+                Ok(None) => Outcome::Refused,
+                Err(LockError::TimedOut { .. }) => Outcome::TimedOut,
+                Err(e) => panic!("caller {i}: {e}"),
+            }
         })
     }
 
@@ -216,28 +244,47 @@ impl Drop for Inside {
     }
 }
 
-/// How caller `i` ends: one in five runs to the end (waits up to 5 s, so the others contend
-/// with live holders); three in five are cut by `timeout`, one in five aborted, after 0–20 ms.
+/// How caller `i` ends. Two in ten run to the end (waiting up to 5 s, so the others contend
+/// with live holders); four in ten are cut by `timeout` and two in ten aborted, after 0–20 ms;
+/// one in ten waits only 1–20 ms itself, and is cut 0–2 ms after that (so before, during or
+/// after its own timeout's clean-up); one in ten does not wait (a `try_*`), cut after 0–20 ms.
 #[derive(Debug, Clone, Copy)]
 enum Ending {
     Runs,
     TimeoutAfter(Duration),
     AbortAfter(Duration),
+    ShortWait(Duration),
+    Try(Duration),
 }
 
 fn ending(i: usize) -> Ending {
     let cut = Duration::from_micros((i as u64 * 7919) % 20_000);
-    match i % 5 {
-        0 => Ending::Runs,
-        4 => Ending::AbortAfter(cut),
+    match i % 10 {
+        0 | 5 => Ending::Runs,
+        3 | 8 => Ending::AbortAfter(cut),
+        4 => Ending::ShortWait(cut.max(Duration::from_millis(1))),
+        7 => Ending::Try(cut),
         _ => Ending::TimeoutAfter(cut),
     }
+}
+
+/// How a storm caller ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Ran,
+    /// A `try_*` found it busy.
+    Refused,
+    /// Its own wait ran out.
+    TimedOut,
+    Cancelled,
 }
 
 /// What the callers of a storm did.
 #[derive(Debug, Default)]
 struct Tally {
     completed: usize,
+    refused: usize,
+    timed_out: usize,
     cancelled: usize,
     /// The longest a wave's leftovers took to go.
     slowest_settle: Duration,
@@ -245,34 +292,111 @@ struct Tally {
     seen_before_settle: usize,
 }
 
-/// Server keys of `namespace` other than the ones meant to stay (fencing counters, the mutex's
-/// grant markers), each with its type, and its members or value.
-fn leftovers(port: u16, namespace: &str) -> Vec<String> {
+/// Server keys of `namespace` on the primaries `ports` other than the ones meant to stay
+/// (fencing counters, the mutex's grant markers), each with its type, TTL and content.
+fn leftovers(ports: &[u16], namespace: &str) -> Vec<String> {
     let pattern = format!("{{{namespace}:*");
     let mut left = Vec::new();
-    let mut cursor = "0".to_owned();
-    loop {
-        let reply = harness::cmd_ok(port, &["SCAN", &cursor, "MATCH", &pattern, "COUNT", "1000"]);
-        let parts = reply.as_array().expect("SCAN reply");
-        cursor = parts[0].to_text().expect("cursor");
-        for key in parts[1].as_array().expect("SCAN keys") {
-            let key = key.to_text().expect("key");
-            if key.ends_with(":fence") || key.ends_with(":since") {
-                continue;
+    for &port in ports {
+        let mut cursor = "0".to_owned();
+        loop {
+            let reply =
+                harness::cmd_ok(port, &["SCAN", &cursor, "MATCH", &pattern, "COUNT", "1000"]);
+            let parts = reply.as_array().expect("SCAN reply");
+            cursor = parts[0].to_text().expect("cursor");
+            for key in parts[1].as_array().expect("SCAN keys") {
+                let key = key.to_text().expect("key");
+                if key.ends_with(":fence") || key.ends_with(":since") {
+                    continue;
+                }
+                let kind = harness::cmd_ok(port, &["TYPE", &key]).to_plain();
+                let content = match kind.as_str() {
+                    "zset" => harness::cmd_ok(port, &["ZRANGE", &key, "0", "-1", "WITHSCORES"]),
+                    "list" => harness::cmd_ok(port, &["LRANGE", &key, "0", "-1"]),
+                    _ => harness::cmd_ok(port, &["GET", &key]),
+                }
+                .to_plain();
+                let pttl = harness::cmd_ok(port, &["PTTL", &key]).to_plain();
+                left.push(format!("{key} ({kind}, pttl {pttl} ms): {content}"));
             }
-            let kind = harness::cmd_ok(port, &["TYPE", &key]).to_plain();
-            let content = match kind.as_str() {
-                "zset" => harness::cmd_ok(port, &["ZRANGE", &key, "0", "-1", "WITHSCORES"]),
-                "list" => harness::cmd_ok(port, &["LRANGE", &key, "0", "-1"]),
-                _ => harness::cmd_ok(port, &["GET", &key]),
+            if cursor == "0" {
+                break;
             }
-            .to_plain();
-            let pttl = harness::cmd_ok(port, &["PTTL", &key]).to_plain();
-            left.push(format!("{key} ({kind}, pttl {pttl} ms): {content}"));
         }
-        if cursor == "0" {
-            return left;
+    }
+    left
+}
+
+/// Where the tests run: a standalone server, a primary with a replica, or a cluster.
+#[derive(Clone)]
+struct Deployment {
+    label: String,
+    url: String,
+    replicated: bool,
+    /// Every primary (each scanned for leftovers).
+    primaries: Vec<u16>,
+    /// The primary serving a server key.
+    owner: Arc<dyn Fn(&str) -> u16 + Send + Sync>,
+    /// The primary whose connections are counted, and how many above its baseline two
+    /// clients may keep open there (none counted in a cluster).
+    connections: Option<(u16, i64)>,
+}
+
+impl Deployment {
+    fn standalone(server: &Server, kind: ServerKind) -> Deployment {
+        let port = server.port();
+        Deployment {
+            label: format!("standalone {}", kind.name()),
+            url: server.url(),
+            replicated: false,
+            primaries: vec![port],
+            owner: Arc::new(move |_| port),
+            // Each client: its shared connection and its subscriber connection.
+            connections: Some((port, 4)),
         }
+    }
+
+    fn replicated(setup: &Replicated, kind: ServerKind) -> Deployment {
+        let port = setup.primary.port();
+        Deployment {
+            label: format!("replicated {}", kind.name()),
+            url: setup.primary_url(),
+            replicated: true,
+            primaries: vec![port],
+            owner: Arc::new(move |_| port),
+            // Each client: shared, subscriber, and at most its pool of dedicated connections
+            // (16 by default), in flight or idle.
+            connections: Some((port, 2 * (2 + 16))),
+        }
+    }
+
+    fn cluster(cluster: &'static Cluster, kind: ServerKind) -> Deployment {
+        let owners = std::sync::Mutex::new(std::collections::HashMap::<String, u16>::new());
+        Deployment {
+            label: format!("cluster {}", kind.name()),
+            url: cluster.url(),
+            replicated: false,
+            primaries: [0, 5461, 10923]
+                .map(|slot| cluster.primary_for_slot(slot).port())
+                .to_vec(),
+            // Asked once per key (the topology does not change here).
+            owner: Arc::new(move |key: &str| {
+                let mut known = owners.lock().expect("owners");
+                *known
+                    .entry(key.to_owned())
+                    .or_insert_with(|| cluster.primary_for_key(key).port())
+            }),
+            connections: None,
+        }
+    }
+
+    async fn client(&self) -> LockClient {
+        LockClient::builder()
+            .url(&self.url)
+            .replicated(self.replicated)
+            .connect()
+            .await
+            .expect("connect")
     }
 }
 
@@ -281,9 +405,14 @@ fn leftovers(port: u16, namespace: &str) -> Vec<String> {
 const QUEUES: [&str; 4] = [":sem-queue", ":wq", ":rq", ":queue"];
 
 /// The distinct tokens queued in any waiter queue of `namespace`'s key `key`.
-fn queued(port: u16, namespace: &str, keys: &[&str]) -> std::collections::BTreeSet<String> {
+fn queued(
+    owner: &(dyn Fn(&str) -> u16 + Send + Sync),
+    namespace: &str,
+    keys: &[&str],
+) -> std::collections::BTreeSet<String> {
     let mut tokens = std::collections::BTreeSet::new();
     for key in keys {
+        let port = owner(&format!("{{{namespace}:{key}}}"));
         for suffix in QUEUES {
             let queue = format!("{{{namespace}:{key}}}{suffix}");
             let members = if suffix == ":queue" {
@@ -300,9 +429,9 @@ fn queued(port: u16, namespace: &str, keys: &[&str]) -> std::collections::BTreeS
 }
 
 /// Polls until at least `n` tokens are queued on `keys` of `namespace` (at most 5 s).
-async fn until_queued(port: u16, namespace: &str, keys: &[&str], n: usize, who: &str) {
+async fn until_queued(dep: &Deployment, namespace: &str, keys: &[&str], n: usize, who: &str) {
     let start = Instant::now();
-    while queued(port, namespace, keys).len() < n {
+    while queued(&*dep.owner, namespace, keys).len() < n {
         assert!(
             start.elapsed() < Duration::from_secs(5),
             "{who}: never {n} queued"
@@ -319,15 +448,16 @@ struct Sampler {
 }
 
 impl Sampler {
-    fn start(port: u16, namespace: &str, keys: &'static [&'static str]) -> Sampler {
+    fn start(dep: &Deployment, namespace: &str, keys: &'static [&'static str]) -> Sampler {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let namespace = namespace.to_owned();
+        let owner = Arc::clone(&dep.owner);
         let thread = std::thread::spawn({
             let stop = Arc::clone(&stop);
             move || {
                 let mut most = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    most = most.max(queued(port, &namespace, keys).len());
+                    most = most.max(queued(&*owner, &namespace, keys).len());
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 most
@@ -343,147 +473,174 @@ impl Sampler {
     }
 }
 
-/// Runs one caller, ending as [`ending`] says; true when it ran to the end.
-async fn caller(call: Boxed<bool>, end: Ending) -> bool {
+/// Runs caller `i` of `family`, ending as [`ending`] says.
+async fn caller(family: Primitive, i: usize, hold: Duration, ex: Arc<Exclusion>) -> Outcome {
+    let end = ending(i);
+    let wait = match end {
+        Ending::Runs | Ending::TimeoutAfter(_) | Ending::AbortAfter(_) => {
+            Some(Duration::from_secs(5))
+        }
+        Ending::ShortWait(wait) => Some(wait),
+        Ending::Try(_) => None,
+    };
+    let call = family.call(i, wait, hold, &ex);
+    let cut = |after: Duration, call: Boxed<Outcome>| async move {
+        tokio::time::timeout(after, call)
+            .await
+            .unwrap_or(Outcome::Cancelled)
+    };
     match end {
         Ending::Runs => call.await,
-        Ending::TimeoutAfter(cut) => tokio::time::timeout(cut, call).await.unwrap_or(false),
-        Ending::AbortAfter(cut) => {
+        Ending::TimeoutAfter(after) | Ending::Try(after) => cut(after, call).await,
+        Ending::ShortWait(wait) => {
+            cut(wait + Duration::from_micros((i as u64 * 613) % 2_000), call).await
+        }
+        Ending::AbortAfter(after) => {
             let task = tokio::spawn(call);
-            tokio::time::sleep(cut).await;
+            tokio::time::sleep(after).await;
             task.abort();
             match task.await {
-                Ok(done) => done,
-                Err(e) if e.is_cancelled() => false,
+                Ok(outcome) => outcome,
+                Err(e) if e.is_cancelled() => Outcome::Cancelled,
                 Err(e) => std::panic::resume_unwind(e.into_panic()),
             }
         }
     }
 }
 
-/// [`WAVES`] waves of [`WAVE`] callers of `primitive`, alternating between two clients, most
-/// of them cancelled; after each wave, the server is clean within [`SETTLE`] and a caller that
-/// does not wait gets in.
-async fn storm(primitive: &str) {
-    for kind in ServerKind::ALL {
-        let name = format!("{primitive} on {}", kind.name());
-        let server = Server::start(kind);
-        let port = server.port();
-        let baseline = connected_clients(port);
-        let namespace = format!("cancel-{primitive}-{}", rand::random::<u32>());
-        let clients = [
-            LockClient::connect(&server.url()).await.expect("connect"),
-            LockClient::connect(&server.url()).await.expect("connect"),
-        ];
-        let families = clients
-            .each_ref()
-            .map(|client| Primitive::new(primitive, client, &namespace, PERMITS));
-        let ex = Arc::new(Exclusion::default());
-        // The detector sees a hold.
-        let seen = families[0]
-            .run(&families[0].op(1), Duration::from_secs(2), {
-                let namespace = namespace.clone();
-                async move { leftovers(port, &namespace) }
-            })
-            .await
-            .expect("a first hold");
+/// [`WAVES`] waves of [`WAVE`] callers of `primitive` on `dep`, alternating between two
+/// clients, most of them cancelled; after each wave, the server is clean within [`SETTLE`] and
+/// a caller that does not wait gets in.
+async fn storm(primitive: &str, dep: &Deployment) {
+    let name = format!("{primitive} on {}", dep.label);
+    let ports = dep.primaries.clone();
+    let baseline = dep.connections.map(|(port, _)| connected_clients(port));
+    let namespace = format!("cancel-{primitive}-{}", rand::random::<u32>());
+    let clients = [dep.client().await, dep.client().await];
+    let families = clients
+        .each_ref()
+        .map(|client| Primitive::new(primitive, client, &namespace, PERMITS));
+    let ex = Arc::new(Exclusion::default());
+    // The detector sees a hold.
+    let seen = families[0]
+        .run(&families[0].op(1), Some(Duration::from_secs(2)), {
+            let (ports, namespace) = (ports.clone(), namespace.clone());
+            async move { leftovers(&ports, &namespace) }
+        })
+        .await
+        .expect("a first hold")
+        .unwrap_or_default();
+    assert!(
+        !seen.is_empty(),
+        "{name}: a hold left no trace on the server"
+    );
+    let sampler = Sampler::start(dep, &namespace, &MULTI_KEYS_AND_K);
+    let mut tally = Tally::default();
+    for wave in 0..WAVES {
+        let mut tasks = Vec::new();
+        for j in 0..WAVE {
+            let i = wave * WAVE + j;
+            let hold = Duration::from_micros((i as u64 * 4243) % 10_000);
+            let family = families[j % 2].clone();
+            tasks.push(tokio::spawn(caller(family, i, hold, Arc::clone(&ex))));
+            if j % 3 == 2 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        for task in tasks {
+            match task.await.expect("caller") {
+                Outcome::Ran => tally.completed += 1,
+                Outcome::Refused => tally.refused += 1,
+                Outcome::TimedOut => tally.timed_out += 1,
+                Outcome::Cancelled => tally.cancelled += 1,
+            }
+        }
+        let ended = Instant::now();
+        let mut left = leftovers(&ports, &namespace);
+        tally.seen_before_settle += left.len();
+        while !left.is_empty() && ended.elapsed() < SETTLE {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            left = leftovers(&ports, &namespace);
+        }
+        tally.slowest_settle = tally.slowest_settle.max(ended.elapsed());
         assert!(
-            !seen.is_empty(),
-            "{name}: a hold left no trace on the server"
+            left.is_empty(),
+            "{name}, wave {wave}: {} after the callers ended, left on the server:\n{}",
+            humanize(ended.elapsed()),
+            left.join("\n")
         );
-        let sampler = Sampler::start(port, &namespace, &MULTI_KEYS_AND_K);
-        let mut tally = Tally::default();
-        for wave in 0..WAVES {
-            let mut tasks = Vec::new();
-            for j in 0..WAVE {
-                let i = wave * WAVE + j;
-                let hold = Duration::from_micros((i as u64 * 4243) % 10_000);
-                let call = families[j % 2].call(i, Duration::from_secs(5), hold, &ex);
-                let end = ending(i);
-                tasks.push(tokio::spawn(caller(call, end)));
-                if j % 3 == 2 {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-            }
-            for task in tasks {
-                if task.await.expect("caller") {
-                    tally.completed += 1;
-                } else {
-                    tally.cancelled += 1;
-                }
-            }
-            let ended = Instant::now();
-            tally.seen_before_settle += leftovers(port, &namespace).len();
-            let mut left = leftovers(port, &namespace);
-            while !left.is_empty() && ended.elapsed() < SETTLE {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                left = leftovers(port, &namespace);
-            }
-            tally.slowest_settle = tally.slowest_settle.max(ended.elapsed());
-            assert!(
-                left.is_empty(),
-                "{name}, wave {wave}: {} after the callers ended, left on the server:\n{}",
-                humanize(ended.elapsed()),
-                left.join("\n")
-            );
-            for (c, client) in clients.iter().enumerate() {
-                assert_eq!(
-                    sage_lock::__private::waiter_keys(client),
-                    0,
-                    "{name}, wave {wave}: client {c} still has local waiters"
-                );
-            }
-            assert!(
-                families[wave % 2].enters_at_once().await,
-                "{name}, wave {wave}: a caller that does not wait was refused on a clean server"
+        for (c, client) in clients.iter().enumerate() {
+            assert_eq!(
+                sage_lock::__private::waiter_keys(client),
+                0,
+                "{name}, wave {wave}: client {c} still has local waiters"
             );
         }
-        let most_queued = sampler.finish();
-        let open = connected_clients(port);
-        let stats = clients.each_ref().map(LockClient::stats);
-        let (busy, handoffs) = (
-            stats[0].busy_retries + stats[1].busy_retries,
-            stats[0].handoffs + stats[1].handoffs,
-        );
-        println!(
-            "{name}: {} callers, {} cancelled, {} ran to the end, {} bodies entered; \
-             {busy} busy attempts, {handoffs} hand-offs, at most {most_queued} queued at once; \
-             {} keys seen as waves ended, all gone within {:?} at most; \
-             connections {open} (baseline {baseline})",
-            WAVE * WAVES,
-            tally.cancelled,
-            tally.completed,
-            ex.entered.load(Ordering::SeqCst),
-            tally.seen_before_settle,
-            tally.slowest_settle,
-        );
         assert!(
-            most_queued >= 2 && handoffs > 0,
-            "{name}: the waiters of both clients never queued on the server together \
-             ({most_queued} at most) or were never handed the lock ({handoffs})"
+            families[wave % 2].enters_at_once().await,
+            "{name}, wave {wave}: a caller that does not wait was refused on a clean server"
         );
-        assert_eq!(
-            ex.violations.load(Ordering::SeqCst),
-            0,
-            "{name}: exclusion broken"
-        );
+    }
+    let most_queued = sampler.finish();
+    let open = dep.connections.map(|(port, _)| connected_clients(port));
+    let stats = clients.each_ref().map(LockClient::stats);
+    let (busy, handoffs) = (
+        stats[0].busy_retries + stats[1].busy_retries,
+        stats[0].handoffs + stats[1].handoffs,
+    );
+    println!(
+        "{name}: {} callers, {} cancelled, {} ran to the end, {} tries refused, {} timed out, \
+         {} bodies entered; \
+         {busy} busy attempts, {handoffs} hand-offs, at most {most_queued} queued at once; \
+         {} keys seen as waves ended, all gone within {:?} at most; \
+         connections {open:?} (baseline {baseline:?})",
+        WAVE * WAVES,
+        tally.cancelled,
+        tally.completed,
+        tally.refused,
+        tally.timed_out,
+        ex.entered.load(Ordering::SeqCst),
+        tally.seen_before_settle,
+        tally.slowest_settle,
+    );
+    // A replica-acknowledged waiter (replicated, cluster) confirms its hand-offs with an
+    // attempt of its own, which counts as a grant, not a hand-off.
+    let confirms = clients[0].deployment().is_replicated();
+    assert!(
+        most_queued >= 2 && (handoffs > 0 || confirms),
+        "{name}: the waiters of both clients never queued on the server together \
+         ({most_queued} at most) or were never handed the lock ({handoffs})"
+    );
+    assert_eq!(
+        ex.violations.load(Ordering::SeqCst),
+        0,
+        "{name}: exclusion broken"
+    );
+    assert!(
+        tally.cancelled >= WAVE * WAVES / 3,
+        "{name}: only {} callers were cancelled",
+        tally.cancelled
+    );
+    drop(families);
+    drop(clients);
+    if let (Some((port, allowed)), Some(baseline), Some(open)) = (dep.connections, baseline, open) {
         assert!(
-            tally.cancelled >= WAVE * WAVES / 2,
-            "{name}: only {} callers were cancelled",
-            tally.cancelled
+            open <= baseline + allowed,
+            "{name}: {open} connections open, baseline {baseline} + {allowed} for two clients"
         );
-        // Each client: its shared connection and its subscriber connection, nothing more.
-        assert!(
-            open <= baseline + 4,
-            "{name}: {open} connections open, baseline {baseline} + 2 per client"
-        );
-        drop(families);
-        drop(clients);
         let left = settle_clients(port, baseline, Duration::from_secs(5)).await;
         assert!(
             left <= baseline,
             "{name}: {left} connections after dropping the clients (baseline {baseline})"
         );
+    }
+}
+
+/// [`storm`] on a standalone server of each kind.
+async fn storm_standalone(primitive: &str) {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        storm(primitive, &Deployment::standalone(&server, kind)).await;
     }
 }
 
@@ -493,17 +650,40 @@ fn humanize(d: Duration) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_semaphore_callers_leave_nothing_behind() {
-    storm("semaphore").await;
+    storm_standalone("semaphore").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_read_write_callers_leave_nothing_behind() {
-    storm("rwlock").await;
+    storm_standalone("rwlock").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_multi_key_callers_leave_nothing_behind() {
-    storm("multi").await;
+    storm_standalone("multi").await;
+}
+
+/// The storms on a primary with a replica: every attempt runs on a dedicated connection with
+/// `WAIT`, a cancelled one cleans up on it, and a hand-off is confirmed by an attempt of the
+/// waiter's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_callers_leave_nothing_behind_on_a_replicated_deployment() {
+    for kind in ServerKind::ALL {
+        let setup = Replicated::start(kind, 1);
+        for primitive in ["semaphore", "rwlock", "multi"] {
+            storm(primitive, &Deployment::replicated(&setup, kind)).await;
+        }
+    }
+}
+
+/// The multi-key storm in a cluster, where the keys' slots are taken one after the other and
+/// a waiting caller holds the earlier slots' keys while it waits for the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_multi_key_callers_leave_nothing_behind_in_a_cluster() {
+    for kind in ServerKind::ALL {
+        let cluster = harness::shared_cluster(kind);
+        storm("multi", &Deployment::cluster(cluster, kind)).await;
+    }
 }
 
 /// A call in a task whose body reports when it entered, then holds until it is cancelled.
@@ -518,13 +698,13 @@ impl Running {
     fn start(family: &Primitive, op: &Op) -> Running {
         let (entered_tx, entered) = oneshot::channel();
         let (cancel, cancelled) = oneshot::channel::<()>();
-        let call = family.run(op, Duration::from_secs(10), async move {
+        let call = family.run(op, Some(Duration::from_secs(10)), async move {
             let _ = entered_tx.send(Instant::now());
             std::future::pending::<()>().await;
         });
         let task = tokio::spawn(async move {
             tokio::select! {
-                result = call => panic!("the body never ends: {result:?}"),
+                result = call => panic!("the body never ends: {:?}", result.map(|_| ())),
                 _ = cancelled => {}
             }
         });
@@ -603,10 +783,10 @@ impl Case {
 }
 
 /// Three clients of one server, each with a one-permit family of `primitive` in `namespace`.
-async fn three(server: &Server, primitive: &str, namespace: &str) -> [Primitive; 3] {
+async fn three(dep: &Deployment, primitive: &str, namespace: &str) -> [Primitive; 3] {
     let mut families = Vec::new();
     for _ in 0..3 {
-        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let client = dep.client().await;
         families.push(Primitive::new(primitive, &client, namespace, 1));
     }
     families.try_into().unwrap_or_else(|_| unreachable!())
@@ -629,17 +809,17 @@ const PROMPT: Duration = Duration::from_millis(300);
 async fn a_holder_cancelled_mid_body_lets_the_next_waiter_in_at_once() {
     const ROUNDS: usize = 6;
     for kind in ServerKind::ALL {
-        let server = harness::shared(kind);
+        let dep = Deployment::standalone(harness::shared(kind), kind);
         for case in cases() {
             let name = case.name(kind);
             let namespace = format!("cancel-holder-{}", rand::random::<u32>());
-            let families = three(server, case.primitive, &namespace).await;
+            let families = three(&dep, case.primitive, &namespace).await;
             let mut gaps = Vec::new();
             for round in 0..ROUNDS {
                 let mut holder = Running::start(&families[0], &case.holder);
                 entered(&mut holder, &name).await;
                 let mut waiter = Running::start(&families[1], &case.first);
-                until_queued(server.port(), &namespace, &MULTI_KEYS_AND_K, 1, &name).await;
+                until_queued(&dep, &namespace, &MULTI_KEYS_AND_K, 1, &name).await;
                 let cancelled = holder.cancel(round % 2 == 0).await;
                 let entry = entered(&mut waiter, &name).await;
                 gaps.push(entry.saturating_duration_since(cancelled));
@@ -653,7 +833,7 @@ async fn a_holder_cancelled_mid_body_lets_the_next_waiter_in_at_once() {
                 longest < PROMPT,
                 "{name}: a waiter entered {longest:?} after its holder was cancelled: {gaps:?}"
             );
-            settled(server.port(), &namespace, &name).await;
+            settled(&dep.primaries, &namespace, &name).await;
         }
     }
 }
@@ -666,20 +846,20 @@ async fn a_holder_cancelled_mid_body_lets_the_next_waiter_in_at_once() {
 async fn a_waiter_cancelled_during_its_hand_off_passes_it_on_at_once() {
     const ROUNDS: u64 = 20;
     for kind in ServerKind::ALL {
-        let server = harness::shared(kind);
+        let dep = Deployment::standalone(harness::shared(kind), kind);
         for case in cases() {
             let name = case.name(kind);
             let namespace = format!("cancel-handoff-{}", rand::random::<u32>());
-            let families = three(server, case.primitive, &namespace).await;
+            let families = three(&dep, case.primitive, &namespace).await;
             let mut gaps = Vec::new();
             let mut first_entered = 0;
             for round in 0..ROUNDS {
                 let mut holder = Running::start(&families[0], &case.holder);
                 entered(&mut holder, &name).await;
                 let mut first = Running::start(&families[1], &case.first);
-                until_queued(server.port(), &namespace, &MULTI_KEYS_AND_K, 1, &name).await;
+                until_queued(&dep, &namespace, &MULTI_KEYS_AND_K, 1, &name).await;
                 let mut behind = Running::start(&families[2 * (round as usize % 2)], &case.behind);
-                until_queued(server.port(), &namespace, &MULTI_KEYS_AND_K, 2, &name).await;
+                until_queued(&dep, &namespace, &MULTI_KEYS_AND_K, 2, &name).await;
                 let delay = Duration::from_micros(round * 200);
                 let released = holder.cancel(round % 3 == 0).await;
                 while released.elapsed() < delay {
@@ -703,18 +883,18 @@ async fn a_waiter_cancelled_during_its_hand_off_passes_it_on_at_once() {
                 longest < PROMPT,
                 "{name}: the caller behind a cancelled waiter entered {longest:?} after it: {gaps:?}"
             );
-            settled(server.port(), &namespace, &name).await;
+            settled(&dep.primaries, &namespace, &name).await;
         }
     }
 }
 
 /// Nothing of `namespace` is left on the server within [`SETTLE`].
-async fn settled(port: u16, namespace: &str, name: &str) {
+async fn settled(ports: &[u16], namespace: &str, name: &str) {
     let start = Instant::now();
-    let mut left = leftovers(port, namespace);
+    let mut left = leftovers(ports, namespace);
     while !left.is_empty() && start.elapsed() < SETTLE {
         tokio::time::sleep(Duration::from_millis(5)).await;
-        left = leftovers(port, namespace);
+        left = leftovers(ports, namespace);
     }
     assert!(
         left.is_empty(),
