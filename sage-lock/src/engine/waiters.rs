@@ -258,4 +258,47 @@ mod tests {
         }
         assert_eq!(all.keys(), 0);
     }
+
+    /// A release waking the key's leader while its last waiter leaves (a cancelled waiter
+    /// beside a holder's release, in one process) leaves no entry behind. `wake_one` used to
+    /// hold the key's entry outside the map's lock while it woke the leader: a waiter leaving
+    /// then saw a second reference, kept the entry, and nobody removed it.
+    #[test]
+    fn a_waiter_leaving_while_a_release_wakes_the_key_leaves_no_entry() {
+        use std::sync::atomic::AtomicBool;
+        let all = Arc::new(Waiters::default());
+        let key = Bytes::from_static(b"k");
+        let stop = Arc::new(AtomicBool::new(false));
+        let waker = std::thread::spawn({
+            let (all, key, stop) = (Arc::clone(&all), key.clone(), Arc::clone(&stop));
+            move || {
+                while !stop.load(Ordering::Relaxed) {
+                    all.wake_one(&key);
+                }
+            }
+        });
+        let mut left_behind = 0;
+        for round in 0..100_000_u32 {
+            let waiters = all.join(&key);
+            // Give the waker time to see the waiter (a varying time, so its wake-ups fall at
+            // every point of the leaving).
+            for _ in 0..round % 64 {
+                std::hint::spin_loop();
+            }
+            all.leave(&key, waiters);
+            // Only this thread joins: once it left, the map must be empty (unless the waker
+            // holds the entry right now, which it must not keep in the map).
+            if all.keys() != 0 {
+                // The waker may be between its clone and its drop: look again once it is past.
+                std::thread::sleep(Duration::from_micros(50));
+                left_behind += usize::from(all.keys() != 0);
+                if let Ok(mut by_key) = all.by_key.lock() {
+                    by_key.clear();
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        waker.join().ok();
+        assert_eq!(left_behind, 0, "entries left behind by leaving waiters");
+    }
 }
