@@ -31,6 +31,11 @@ pub(super) struct Channel {
     pub(super) last: Option<(Bytes, Option<Grant>)>,
     /// Confirmed by the server (and not lost to a reconnect since).
     pub(super) subscribed: bool,
+    /// An `SSUBSCRIBE` for it was sent on the current subscriber connection, confirmed or not
+    /// (its waiter may have been cancelled, or have given up, before the reply): the server may
+    /// be subscribed, so once idle the channel lingers and is unsubscribed like a confirmed one,
+    /// never just forgotten (which would leave the subscription on the server for good).
+    pub(super) requested: bool,
     /// When the last watch left.
     pub(super) idle_since: Instant,
 }
@@ -52,12 +57,24 @@ pub(super) fn is_subscribed(shared: &Shared, channel: &[u8]) -> bool {
         .is_ok_and(|c| c.get(channel).is_some_and(|e| e.subscribed))
 }
 
-/// Marks every channel unsubscribed (its subscriber connection is gone), forgetting those no
-/// waiter watches.
+/// Records that an `SSUBSCRIBE` for `channel` is about to be sent (see [`Channel::requested`]).
+pub(super) fn mark_requested(shared: &Shared, channel: &[u8]) {
+    if let Ok(mut channels) = shared.channels.lock()
+        && let Some(entry) = channels.get_mut(channel)
+    {
+        entry.requested = true;
+    }
+}
+
+/// Marks every channel unsubscribed (its subscriber connection is gone, and its subscriptions
+/// with it), forgetting those no waiter watches.
 pub(super) fn forget_subscriptions(shared: &Shared) {
     if let Ok(mut channels) = shared.channels.lock() {
         channels.retain(|_, e| !e.watchers.is_empty());
-        channels.values_mut().for_each(|e| e.subscribed = false);
+        channels.values_mut().for_each(|e| {
+            e.subscribed = false;
+            e.requested = false;
+        });
     }
 }
 

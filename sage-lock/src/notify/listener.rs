@@ -9,7 +9,7 @@ use fred::clients::Client;
 use fred::interfaces::{EventInterface, PubsubInterface};
 use tokio::task::JoinHandle;
 
-use super::channels::{LINGER, Shared, deliver, forget_subscriptions, wake_all};
+use super::channels::{LINGER, Shared, deliver, forget_subscriptions, mark_requested, wake_all};
 use super::message::parse_message;
 
 /// Reads messages and reconnects of `client` until it closes or the notifier is gone; drops
@@ -65,6 +65,7 @@ async fn resubscribe(client: &Client, shared: &Shared) {
         Err(_) => return,
     };
     for channel in channels {
+        mark_requested(shared, &channel);
         let ok = matches!(
             tokio::time::timeout(Duration::from_secs(1), client.ssubscribe(channel.clone())).await,
             Ok(Ok(()))

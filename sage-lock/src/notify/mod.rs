@@ -41,7 +41,9 @@ use fred::types::config::ReconnectPolicy;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use channels::{Channel, Shared, Watcher, deliver, forget_subscriptions, is_subscribed};
+use channels::{
+    Channel, Shared, Watcher, deliver, forget_subscriptions, is_subscribed, mark_requested,
+};
 use listener::spawn_listener;
 pub(crate) use message::{Grant, channel};
 
@@ -108,6 +110,7 @@ impl Notifier {
                 watchers: Vec::new(),
                 last: None,
                 subscribed: false,
+                requested: false,
                 idle_since: Instant::now(),
             });
             let mut grant = None;
@@ -280,6 +283,9 @@ impl Watch<'_> {
         let Some(subscriber) = self.notifier.subscriber(deadline).await else {
             return Subscribed::Unavailable;
         };
+        // Before it is sent: dropped (cancelled) or cut short below, this watch may leave the
+        // server subscribed.
+        mark_requested(shared, &self.channel);
         let subscribe = subscriber.ssubscribe(self.channel.clone());
         match tokio::time::timeout_at(deadline, subscribe).await {
             Ok(Ok(())) => {
@@ -324,7 +330,9 @@ impl Drop for Watch<'_> {
             entry.watchers.retain(|w| !Arc::ptr_eq(&w.wake, &self.wake));
             if entry.watchers.is_empty() {
                 entry.idle_since = Instant::now();
-                if !entry.subscribed {
+                // Never subscribed: nothing to linger for, or to unsubscribe. One that may be
+                // (even unconfirmed) lingers until the listener's sweep unsubscribes it.
+                if !entry.subscribed && !entry.requested {
                     channels.remove(&self.channel);
                 }
             }
