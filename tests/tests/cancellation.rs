@@ -10,9 +10,11 @@
 //! the mutex's grant markers, which are meant to stay) well before a dead waiter's place would
 //! end on its own (1 s for the read-write lock, 2 s otherwise), and a `try_*` call of the
 //! conflicting kind gets in at once; no local waiter bookkeeping is left and the clients hold no
-//! more connections than their shared and subscriber ones. A holder cancelled mid-body lets the
-//! next waiter in at once, and a waiter cancelled while a release hands it the lock passes it on
-//! at once, not after the hand-off lease.
+//! more connections than their shared and subscriber ones (and, replicated, their pools). The
+//! storms run on a standalone server and a primary with a replica, and `with_locks`'s in a
+//! cluster too. A holder cancelled mid-body lets the next waiter in at once, a waiter cancelled
+//! while a release hands it the lock passes it on at once, not after the hand-off lease, and a
+//! waiter cancelled while it subscribes to its release channel leaves no subscription behind.
 
 use std::future::Future;
 use std::pin::Pin;
