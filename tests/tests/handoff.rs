@@ -506,3 +506,149 @@ async fn blocking_bodies_still_hand_over_to_the_next_local_task() {
         client.quit().await;
     }
 }
+
+/// Holds every key of `keys` in tasks of their own until `release` says so; returns once all
+/// are held.
+async fn hold_all(
+    locks: &Locks<str>,
+    keys: &[String],
+    release: &tokio::sync::watch::Sender<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let (held_tx, mut held) = tokio::sync::mpsc::unbounded_channel();
+    let tasks: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (locks, key, held_tx) = (locks.clone(), key.clone(), held_tx.clone());
+            let mut release = release.subscribe();
+            tokio::spawn(async move {
+                locks
+                    .with_lock(&key, Duration::from_secs(10), async move {
+                        let _ = held_tx.send(());
+                        let _ = release.wait_for(|go| *go).await;
+                    })
+                    .await
+                    .expect("holder");
+            })
+        })
+        .collect();
+    for _ in keys {
+        held.recv().await.expect("every holder holds");
+    }
+    tasks
+}
+
+/// How many of `channels` have no subscriber on the server at `port`.
+fn unsubscribed(port: u16, channels: &[String]) -> usize {
+    let mut args = vec!["PUBSUB", "SHARDNUMSUB"];
+    args.extend(channels.iter().map(String::as_str));
+    let reply = harness::cmd_ok(port, &args);
+    let pairs = reply.as_array().unwrap_or_default();
+    pairs
+        .chunks(2)
+        .filter(|pair| pair.get(1).and_then(harness::Reply::as_int) == Some(0))
+        .count()
+}
+
+/// Waiters that arrive on their release channels while the subscriber's idle sweep unsubscribes
+/// them (the channels' earlier waiters left 2 s before) end up subscribed: the sweep dropped a
+/// channel from the client's records before its `SUNSUBSCRIBE`, so a waiter arriving in between
+/// subscribed it anew, and the sweep's `SUNSUBSCRIBE` then undid that. The waiter, believing
+/// itself subscribed, was left to its 500 ms poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_arriving_during_the_idle_sweep_stay_subscribed() {
+    const KEYS: usize = 400;
+    for kind in ServerKind::ALL {
+        let name = kind.name();
+        // A server of its own: the sweep is spotted by the server's SUNSUBSCRIBE count.
+        let server = Server::start(kind);
+        let port = server.port();
+        let (waiting_client, holding_client) = two_clients(&server.url()).await;
+        let ns = ns("sweep", kind);
+        let waiting = locks(&waiting_client, &ns, Duration::from_secs(20));
+        let holding = locks(&holding_client, &ns, Duration::from_secs(20));
+        let keys: Vec<String> = (0..KEYS).map(|i| format!("k{i}")).collect();
+        let channels: Vec<String> = keys
+            .iter()
+            .map(|k| format!("{{{ns}:{k}}}:released"))
+            .collect();
+
+        // Every key's channel subscribed by a waiter that then got its lock and left.
+        let (release, _) = tokio::sync::watch::channel(false);
+        let holders = hold_all(&holding, &keys, &release).await;
+        let first: Vec<_> = keys
+            .iter()
+            .map(|key| {
+                let (waiting, key) = (waiting.clone(), key.clone());
+                tokio::spawn(async move {
+                    waiting
+                        .with_lock(&key, Duration::from_secs(20), async {})
+                        .await
+                        .expect("first waiter");
+                })
+            })
+            .collect();
+        let start = Instant::now();
+        while unsubscribed(port, &channels) > 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{name}: never subscribed"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        release.send_replace(true);
+        for task in first.into_iter().chain(holders) {
+            task.await.expect("task");
+        }
+
+        // The keys held again, and a waiter for each, let go the moment the sweep starts.
+        let (release, _) = tokio::sync::watch::channel(false);
+        let holders = hold_all(&holding, &keys, &release).await;
+        let (go, _) = tokio::sync::watch::channel(false);
+        let second: Vec<_> = keys
+            .iter()
+            .map(|key| {
+                let (waiting, key, mut go) = (waiting.clone(), key.clone(), go.subscribe());
+                tokio::spawn(async move {
+                    let _ = go.wait_for(|go| *go).await;
+                    waiting
+                        .with_lock(&key, Duration::from_secs(20), async {})
+                        .await
+                        .expect("second waiter");
+                })
+            })
+            .collect();
+        let before = harness::commandstats_calls(port, "sunsubscribe");
+        let spotted = tokio::task::spawn_blocking(move || {
+            let start = Instant::now();
+            while harness::commandstats_calls(port, "sunsubscribe") == before {
+                if start.elapsed() > Duration::from_secs(5) {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            true
+        })
+        .await
+        .expect("sweep spotter");
+        assert!(spotted, "{name}: no idle sweep within 5 s");
+        go.send_replace(true);
+        // The sweep and every waiter's subscription are done well within this.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let swept = harness::commandstats_calls(port, "sunsubscribe") - before;
+        let missing = unsubscribed(port, &channels);
+        println!(
+            "{name}: the sweep sent {swept} SUNSUBSCRIBEs; {missing} of {KEYS} waiting waiters' \
+             channels left unsubscribed"
+        );
+        assert_eq!(
+            missing, 0,
+            "{name}: {missing} of {KEYS} waiters wait on channels nobody subscribes"
+        );
+        release.send_replace(true);
+        for task in second.into_iter().chain(holders) {
+            task.await.expect("task");
+        }
+        waiting_client.quit().await;
+        holding_client.quit().await;
+    }
+}
