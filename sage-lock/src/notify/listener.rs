@@ -80,22 +80,54 @@ async fn resubscribe(client: &Client, shared: &Shared) {
     wake_all(shared);
 }
 
+/// Unsubscribes the channels idle for [`LINGER`], one at a time. A channel leaves the records
+/// only once its `SUNSUBSCRIBE` is answered, and only if no waiter came for it meanwhile: such a
+/// waiter found it subscribed and relies on that, so it is subscribed again and its waiters are
+/// woken to try again (a release may have slipped past in between).
 async fn unsubscribe_idle(client: &Client, shared: &Shared) {
     let idle: Vec<Bytes> = match shared.channels.lock() {
-        Ok(mut channels) => {
-            let idle: Vec<Bytes> = channels
-                .iter()
-                .filter(|(_, e)| e.watchers.is_empty() && e.idle_since.elapsed() >= LINGER)
-                .map(|(name, _)| name.clone())
-                .collect();
-            for name in &idle {
-                channels.remove(name);
-            }
-            idle
-        }
+        Ok(channels) => channels
+            .iter()
+            .filter(|(_, e)| e.watchers.is_empty() && e.idle_since.elapsed() >= LINGER)
+            .map(|(name, _)| name.clone())
+            .collect(),
         Err(_) => return,
     };
     for channel in idle {
-        let _ = tokio::time::timeout(Duration::from_secs(1), client.sunsubscribe(channel)).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), client.sunsubscribe(channel.clone()))
+            .await;
+        let revived = match shared.channels.lock() {
+            Ok(mut channels) => match channels.get_mut(&channel) {
+                Some(entry) if entry.watchers.is_empty() => {
+                    channels.remove(&channel);
+                    false
+                }
+                Some(entry) => {
+                    entry.subscribed = false;
+                    true
+                }
+                None => false,
+            },
+            Err(_) => false,
+        };
+        if revived {
+            resubscribe_one(client, shared, channel).await;
+        }
+    }
+}
+
+/// Subscribes `channel` again for the waiters that came while it was being unsubscribed, and
+/// wakes them.
+async fn resubscribe_one(client: &Client, shared: &Shared, channel: Bytes) {
+    mark_requested(shared, &channel);
+    let ok = matches!(
+        tokio::time::timeout(Duration::from_secs(1), client.ssubscribe(channel.clone())).await,
+        Ok(Ok(()))
+    );
+    if let Ok(mut channels) = shared.channels.lock()
+        && let Some(entry) = channels.get_mut(&channel)
+    {
+        entry.subscribed = ok;
+        entry.watchers.iter().for_each(|w| w.wake.notify_one());
     }
 }
