@@ -652,3 +652,118 @@ async fn waiters_arriving_during_the_idle_sweep_stay_subscribed() {
         holding_client.quit().await;
     }
 }
+
+/// A waiter that lost a hand-off is handed the lock again at once by the next release.
+///
+/// The sequence: a waiter's process stalls (its runtime blocked) while a release hands it the
+/// lock, past the hand-off lease; another waiter takes the lock once that lease ends; the
+/// stalled waiter wakes on the (old) message, cannot enter, and queues again behind the new
+/// holder; the new holder's release hands it the lock and names it again. The notifier
+/// skipped any message naming the same waiter as the channel's previous one (meant for the
+/// message that follows this process's own release, which already woke its waiter), so this
+/// second hand-off was ignored and the waiter entered only at its next poll (up to 500 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_lost_a_hand_off_is_handed_the_lock_again_at_once() {
+    const STALL: Duration = Duration::from_millis(1500);
+    let mut late_by_kind = Vec::new();
+    for kind in ServerKind::ALL {
+        let name = kind.name();
+        let server = harness::shared(kind);
+        let port = server.port();
+        let ns = ns("rehanded", kind);
+        let (holding, taking) = two_clients(&server.url()).await;
+        // The first holder's short lease makes its release's hand-off lease short (200 ms).
+        let holder = take(
+            &locks(&holding, &ns, Duration::from_millis(200)),
+            "k",
+            Duration::ZERO,
+        );
+        holder.fence.await.expect("holder runs");
+
+        // The waiter: a process of its own, on a runtime whose only thread a stall blocks.
+        let (entered_tx, entered) = oneshot::channel::<(u64, Instant)>();
+        let (stall_tx, mut stalls) =
+            tokio::sync::mpsc::unbounded_channel::<(Duration, oneshot::Sender<()>)>();
+        let waiter_thread = std::thread::spawn({
+            let (url, ns) = (server.url(), ns.clone());
+            move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                runtime.block_on(async move {
+                    let client = LockClient::connect(&url).await.expect("connect");
+                    let staller = tokio::spawn(async move {
+                        while let Some((stall, started)) = stalls.recv().await {
+                            let _ = started.send(());
+                            std::thread::sleep(stall);
+                        }
+                    });
+                    locks(&client, &ns, Duration::from_secs(5))
+                        .with_lock("k", Duration::from_secs(20), async {
+                            let fence = current_lease().expect("inside the body").fencing_token();
+                            let _ = entered_tx.send((fence, Instant::now()));
+                        })
+                        .await
+                        .expect("waiter");
+                    staller.abort();
+                    client.quit().await;
+                });
+            }
+        });
+        until_queued(port, &ns, "k").await;
+        let channel = format!("{{{ns}:k}}:released");
+        let start = Instant::now();
+        while unsubscribed(port, std::slice::from_ref(&channel)) > 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{name}: never subscribed"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Past the attempt that follows subscribing.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+
+        // The waiter stalls; the release hands it the lock meanwhile, for 200 ms.
+        let (started_tx, started) = oneshot::channel();
+        stall_tx.send((STALL, started_tx)).expect("stall");
+        started.await.expect("the stall started");
+        let stall_ends = Instant::now() + STALL;
+        holder.release.send(()).expect("release");
+        holder.done.await.expect("holder task");
+
+        // Another waiter takes the lock once the hand-off lease ran out.
+        let second = take(
+            &locks(&taking, &ns, Duration::from_secs(5)),
+            "k",
+            Duration::ZERO,
+        );
+        let (second_fence, second_entered) = second.fence.await.expect("second holder runs");
+        assert!(
+            second_entered < stall_ends,
+            "{name}: the second holder entered only after the stall; the sequence did not happen"
+        );
+
+        // The stalled waiter wakes, finds the lock held, and queues again.
+        until_queued(port, &ns, "k").await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        second.release.send(()).expect("release");
+        let released_at = second.done.await.expect("second holder task");
+        let (fence, entered_at) = entered.await.expect("the waiter entered");
+        let late = entered_at.saturating_duration_since(released_at);
+        println!("{name}: handed the lock again, the waiter entered {late:?} after the release");
+        assert_eq!(fence, second_fence + 1, "{name}: the next fencing token");
+        late_by_kind.push((name, late));
+        waiter_thread.join().expect("waiter thread");
+        for client in [holding, taking] {
+            client.quit().await;
+        }
+    }
+    // Checked once both servers ran, so that a failure reports both.
+    for (name, late) in late_by_kind {
+        assert!(
+            late < Duration::from_millis(200),
+            "{name}: the waiter entered {late:?} after the release that handed it the lock"
+        );
+    }
+}
