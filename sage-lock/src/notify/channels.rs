@@ -25,9 +25,10 @@ pub(super) struct Channel {
     /// The local tasks that wait on the server for this key (usually one: a process leaves the
     /// server to one task per key; a caller of several keys watches each of its keys).
     pub(super) watchers: Vec<Watcher>,
-    /// The head the last message named, with its grant: a waiter that registers just after its
-    /// message came (between its attempt's reply and its
-    /// [`Notifier::watch`](super::Notifier::watch)) still finds it.
+    /// The head the last message (or this process's own release) named, with its grant: a
+    /// waiter that registers just after its message came (between its attempt's reply and its
+    /// [`Notifier::watch`](super::Notifier::watch)) still finds it, and [`deliver`] tells by it
+    /// the second report of one release (its reply and its message) from a later release.
     pub(super) last: Option<(Bytes, Option<Grant>)>,
     /// Confirmed by the server (and not lost to a reconnect since).
     pub(super) subscribed: bool,
@@ -78,9 +79,15 @@ pub(super) fn forget_subscriptions(shared: &Shared) {
     }
 }
 
-/// Wakes the local waiter named `head` (storing its grant), once per head (a release's reply
-/// and its message both name it). An empty `head` (a release of a primitive without a queue,
-/// see `Rules::release_announcement`) wakes the channel's waiters, whoever they are, to retry.
+/// Wakes the local waiter named `head` (storing its grant), once per release: a release's
+/// reply (to this process, when it released) and its message both name it, with the same grant,
+/// and the second of them is skipped. A release is told apart by its head and its grant's
+/// fencing token (each hand-off takes a new one), so a later release that names the same waiter
+/// again (one that could not use an earlier hand-off, say its process stalled past the hand-off
+/// lease, and queued again) wakes it again. A naming without a grant (a caller of several keys)
+/// carries nothing to tell releases apart: one naming the same waiter as the channel's previous
+/// message is skipped. An empty `head` (a release of a primitive without a queue, see
+/// `Rules::release_announcement`) wakes the channel's waiters, whoever they are, to retry.
 pub(super) fn deliver(shared: &Shared, channel: &[u8], head: &[u8], grant: Option<Grant>) {
     if let Ok(mut channels) = shared.channels.lock()
         && let Some(entry) = channels.get_mut(channel)
@@ -89,7 +96,12 @@ pub(super) fn deliver(shared: &Shared, channel: &[u8], head: &[u8], grant: Optio
             entry.watchers.iter().for_each(|w| w.wake.notify_one());
             return;
         }
-        if entry.last.as_ref().is_some_and(|(last, _)| last == head) {
+        let fence = grant.map(|g| g.fence);
+        if entry
+            .last
+            .as_ref()
+            .is_some_and(|(last, last_grant)| last == head && last_grant.map(|g| g.fence) == fence)
+        {
             return;
         }
         for watcher in entry.watchers.iter_mut().filter(|w| w.token == head) {

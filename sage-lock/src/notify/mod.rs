@@ -373,6 +373,46 @@ mod tests {
         assert!(again.is_err(), "woken twice for one release");
     }
 
+    /// A release's reply and its message are one release: the second wakes nobody. A later
+    /// release that names the same waiter again (with a new grant: it could not use the first,
+    /// and queued again) wakes it again, and hands it the new grant.
+    #[tokio::test]
+    async fn a_second_release_naming_the_same_waiter_wakes_it_again() {
+        let notifier = Notifier::new(Client::default());
+        let watch = notifier.watch(b"{l:a}", Bytes::from_static(b"w"));
+        let first =
+            Grant::new(4, Some(std::time::Instant::now())).with_lease(Duration::from_millis(200));
+        notifier.wake_local(b"{l:a}", b"w", Some(first));
+        let woken = tokio::time::timeout(Duration::from_millis(200), watch.notified()).await;
+        assert!(woken.is_ok(), "not woken by its own process's release");
+        assert_eq!(watch.take_grant(), Some(first));
+        deliver_message(&notifier.shared, b"{l:a}:released", &"w:4:200".into());
+        let twin = tokio::time::timeout(Duration::from_millis(20), watch.notified()).await;
+        assert!(twin.is_err(), "woken twice for one release");
+        assert_eq!(watch.take_grant(), None, "one release's grant handed twice");
+        deliver_message(&notifier.shared, b"{l:a}:released", &"w:6:2000".into());
+        let again = tokio::time::timeout(Duration::from_millis(200), watch.notified()).await;
+        assert!(again.is_ok(), "a later release naming it again was skipped");
+        assert_eq!(
+            watch.take_grant(),
+            Some(Grant::new(6, None).with_lease(Duration::from_millis(2000)))
+        );
+        // The same when the message comes before the reply: the reply is then the twin.
+        deliver_message(&notifier.shared, b"{l:a}:released", &"w:8:200".into());
+        let woken = tokio::time::timeout(Duration::from_millis(200), watch.notified()).await;
+        assert!(woken.is_ok(), "not woken by the message");
+        notifier.wake_local(
+            b"{l:a}",
+            b"w",
+            Some(
+                Grant::new(8, Some(std::time::Instant::now()))
+                    .with_lease(Duration::from_millis(200)),
+            ),
+        );
+        let twin = tokio::time::timeout(Duration::from_millis(20), watch.notified()).await;
+        assert!(twin.is_err(), "woken twice for one release");
+    }
+
     /// Two local waiters of one key (a single-key waiter and a caller of several keys) each get
     /// their own messages: the later watch does not take the earlier one's place.
     #[tokio::test]
