@@ -65,19 +65,8 @@ async fn resubscribe(client: &Client, shared: &Shared) {
         Err(_) => return,
     };
     for channel in channels {
-        mark_requested(shared, &channel);
-        let ok = matches!(
-            tokio::time::timeout(Duration::from_secs(1), client.ssubscribe(channel.clone())).await,
-            Ok(Ok(()))
-        );
-        if ok
-            && let Ok(mut channels) = shared.channels.lock()
-            && let Some(entry) = channels.get_mut(&channel)
-        {
-            entry.subscribed = true;
-        }
+        resubscribe_one(client, shared, channel).await;
     }
-    wake_all(shared);
 }
 
 /// Unsubscribes the channels idle for [`LINGER`], one at a time. A channel leaves the records
@@ -116,8 +105,8 @@ async fn unsubscribe_idle(client: &Client, shared: &Shared) {
     }
 }
 
-/// Subscribes `channel` again for the waiters that came while it was being unsubscribed, and
-/// wakes them.
+/// Subscribes `channel` again for its waiters (after a reconnect, or when they came while it
+/// was being unsubscribed) and wakes them: a release may have slipped past meanwhile.
 async fn resubscribe_one(client: &Client, shared: &Shared, channel: Bytes) {
     mark_requested(shared, &channel);
     let ok = matches!(
