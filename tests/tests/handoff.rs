@@ -496,10 +496,12 @@ async fn blocking_bodies_still_hand_over_to_the_next_local_task() {
             "{}: {handoffs} of {acquisitions} acquisitions were hand-offs",
             kind.name()
         );
-        // Before the follower queued first: 13-38 % (the release found nobody queued; the
-        // follower, woken into the blocked worker's next-task slot, had not run). After: 98-99 %.
+        // Before the follower queued first: 13-38 % on a quiet machine, 14-25 % while other
+        // processes keep both cores busy (the release found nobody queued; the follower, woken
+        // into the blocked worker's next-task slot, had not run). After: 98-99 % quiet, 59-75 %
+        // busy (the follower then waits for a core). Half sits between the two.
         assert!(
-            handoffs * 10 >= acquisitions * 8,
+            handoffs * 2 >= acquisitions,
             "{}: only {handoffs} of {acquisitions} acquisitions were handed over",
             kind.name()
         );
