@@ -92,7 +92,8 @@
 //                dedicated pool, checked script runs)
 //   engine:      renewal, engine (acquire → hold → release, generic over a primitive's Rules)
 //   primitives:  primitives::* (each states its scripts and rules)
-//   façade:      client (LockClient), global, macro_support, macro_profile
+//   façade:      client (LockClient), global, macro_support, macro_profile, resident (counts
+//                of a client's records, for tests)
 mod acl;
 mod builder;
 mod client;
@@ -115,6 +116,7 @@ mod profile;
 mod redirect;
 mod renewal;
 mod replicas;
+mod resident;
 mod retry;
 mod scripts;
 mod sentinel;
@@ -146,10 +148,12 @@ pub use topology::Deployment;
 /// The fred client crate, re-exported so its types match the ones sage-lock uses.
 pub use fred;
 
-/// What `#[locked]`'s generated code calls. Not a public API.
+/// What `#[locked]`'s generated code calls, and counts of a client's records for tests. Not a
+/// public API.
 #[doc(hidden)]
 pub mod __private {
     pub use crate::macro_modes::*;
     pub use crate::macro_profile::*;
     pub use crate::macro_support::*;
+    pub use crate::resident::{Resident, resident};
 }

@@ -204,6 +204,11 @@ impl DedicatedPool {
         }
     }
 
+    /// How many idle connections the pool keeps (for tests).
+    pub(crate) fn idle(&self) -> usize {
+        self.idle.lock().map_or(0, |idle| idle.len())
+    }
+
     fn is_closed(&self) -> bool {
         self.closed.load(std::sync::atomic::Ordering::Acquire)
     }

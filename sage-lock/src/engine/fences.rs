@@ -36,6 +36,11 @@ impl Fences {
         *last = token;
         None
     }
+
+    /// How many keys are remembered (at most [`MAX_KEYS`]; for tests).
+    pub(crate) fn remembered(&self) -> usize {
+        self.0.lock().map_or(0, |seen| seen.len())
+    }
 }
 
 #[cfg(test)]

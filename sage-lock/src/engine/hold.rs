@@ -239,6 +239,11 @@ impl Releases {
         Releasing(Arc::clone(self))
     }
 
+    /// How many releases are under way (for tests).
+    pub(crate) fn under_way(&self) -> usize {
+        self.count.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Resolves when no release is under way, or at `deadline`.
     pub(crate) async fn settled(&self, deadline: Instant) {
         loop {

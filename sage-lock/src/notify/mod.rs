@@ -160,9 +160,16 @@ impl Notifier {
     }
 
     /// How many channels are tracked (subscribed or lingering), for tests.
-    #[cfg(test)]
     pub(crate) fn tracked(&self) -> usize {
         self.shared.channels.lock().map_or(0, |c| c.len())
+    }
+
+    /// How many local waiters watch a channel, for tests.
+    pub(crate) fn watchers(&self) -> usize {
+        self.shared
+            .channels
+            .lock()
+            .map_or(0, |c| c.values().map(|e| e.watchers.len()).sum())
     }
 
     /// The live subscriber connection, opened (again) if needed before `deadline`; `None` when

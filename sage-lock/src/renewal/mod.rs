@@ -188,6 +188,14 @@ impl Renewer {
     }
 }
 
+impl Renewer {
+    /// How many leases are registered, and how many of them wait in the queue (for tests).
+    pub(crate) fn registered(&self) -> (usize, usize) {
+        let state = lock(&self.shared.state);
+        (state.entries.len(), state.queue.len())
+    }
+}
+
 impl Shared {
     fn last_problem(&self, id: u64) -> Option<LossReason> {
         lock(&self.state)
