@@ -239,7 +239,8 @@ impl LockClient {
 
     /// Closes the shared, dedicated and subscriber connections, for every clone of this client,
     /// once the releases under way (those of cancelled `with_lock` calls included) are through,
-    /// or after [`RELEASE_TIMEOUT`](crate::RELEASE_TIMEOUT) at most.
+    /// or after [`RELEASE_TIMEOUT`](crate::RELEASE_TIMEOUT) at most. The client's background
+    /// tasks end with them, even while the client itself is kept (say, in a `static`).
     ///
     /// Afterwards every call made from this client (waiting, trying, operator tools,
     /// [`LockClient::dedicated_connection`]) fails at once with [`LockError::Backend`] quoting
@@ -254,6 +255,8 @@ impl LockClient {
         let releases = tokio::time::Instant::now() + crate::connection::RELEASE_TIMEOUT;
         self.inner.releases.settled(releases).await;
         self.inner.conn.close().await;
+        // Nothing is renewed any more: the scheduler's task ends.
+        self.inner.renewer.close();
         // Waiters sleeping until their next attempt try now, and fail.
         self.inner.waiters.wake_all();
         self.inner.notifier.close().await;

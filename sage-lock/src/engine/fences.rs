@@ -57,4 +57,19 @@ mod tests {
         assert_eq!(fences.observe(&key, 3), None);
         assert_eq!(fences.observe(&Bytes::from_static(b"other"), 1), None);
     }
+
+    /// A service locking unique keys for days: the memory stays bounded.
+    #[test]
+    fn the_memory_of_unique_keys_stays_bounded() {
+        let fences = Fences::default();
+        for i in 0..3 * MAX_KEYS {
+            fences.observe(&Bytes::from(format!("order:{i}")), 1);
+            assert!(
+                fences.remembered() <= MAX_KEYS,
+                "{} keys",
+                fences.remembered()
+            );
+        }
+        assert!(fences.remembered() > 0);
+    }
 }

@@ -113,6 +113,11 @@ pub(super) enum Outcome {
     Closed(LossReason),
 }
 
+/// Why a hold of a client closed by `LockClient::quit` is lost: nothing renews it any more.
+pub(super) fn closed_by_quit() -> LossReason {
+    LossReason::RenewalFailed(format!("{CLOSED_BY_QUIT}; the lease ran out unrenewed"))
+}
+
 /// The outcome of one renewal call: when it was sent, and what it meant for each lock.
 pub(super) struct Attempt {
     pub(super) sent: std::time::Instant,
@@ -291,9 +296,7 @@ impl Batch {
                     .collect()
             }
             Err(OpError::Failed(error)) if crate::connection::is_closed_error(&error) => {
-                let problem = LossReason::RenewalFailed(format!(
-                    "{CLOSED_BY_QUIT}; the lease ran out unrenewed"
-                ));
+                let problem = closed_by_quit();
                 self.ids
                     .iter()
                     .map(|_| Outcome::Closed(problem.clone()))

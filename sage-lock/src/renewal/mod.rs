@@ -31,7 +31,7 @@ use crate::lease::drift;
 use crate::observe::Event;
 use crate::retry::Backoff;
 use crate::topology::Deployment;
-use batch::{Batch, BatchKey, Outcome, Place};
+use batch::{Batch, BatchKey, Outcome, Place, closed_by_quit};
 pub(crate) use target::{HoldKind, RenewTarget, Renewal};
 
 struct Entry {
@@ -189,6 +189,13 @@ impl Renewer {
 }
 
 impl Renewer {
+    /// The client was closed by [`LockClient::quit`](crate::LockClient::quit): the scheduler
+    /// renews nothing more and its task ends (see [`schedule`]). Call after closing the
+    /// connection.
+    pub(crate) fn close(&self) {
+        self.shared.wake.notify_one();
+    }
+
     /// How many leases are registered, and how many of them wait in the queue (for tests).
     pub(crate) fn registered(&self) -> (usize, usize) {
         let state = lock(&self.shared.state);
@@ -222,6 +229,16 @@ impl Shared {
         };
         let wake = Arc::clone(&this.wake);
         *task = Some(runtime.spawn(schedule(Arc::downgrade(this), wake)));
+    }
+
+    /// Gives up every registered lease of a closed client: none is renewed again, and each
+    /// hold's loss (when its usable lease runs out) quotes the closing.
+    fn give_up_all(&self) {
+        let mut state = lock(&self.state);
+        state.queue.clear();
+        for entry in state.entries.values_mut() {
+            entry.last_problem = Some(closed_by_quit());
+        }
     }
 
     /// Takes every entry due by `now` (plus the batching window) out of the queue, grouped into
@@ -368,13 +385,18 @@ fn renewal_backoff(lease: Duration) -> Backoff {
 
 /// The scheduler: sleeps until the earliest renewal is due (or a registration or finished
 /// attempt wakes it), then renews every due batch concurrently. Holds the client only while
-/// awake, and ends once the client is dropped.
+/// awake, and ends once the client is dropped or closed by
+/// [`LockClient::quit`](crate::LockClient::quit) (a closed client kept alive keeps no task).
 async fn schedule(renewer: Weak<Shared>, wake: Arc<Notify>) {
     loop {
         let next = {
             let Some(renewer) = renewer.upgrade() else {
                 return;
             };
+            if renewer.conn.is_closed() {
+                renewer.give_up_all();
+                return;
+            }
             let routing = renewer.conn.cluster_routing();
             let cluster =
                 (renewer.conn.deployment == Deployment::Cluster).then_some(routing.as_ref());
