@@ -18,6 +18,7 @@ fn target(kind: ServerKind) -> Target {
         url: harness::shared_cluster(kind).url(),
         replicated: false,
         label: "cluster",
+        resp3: false,
     }
 }
 

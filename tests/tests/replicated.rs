@@ -27,6 +27,7 @@ fn target(kind: ServerKind) -> Target {
         url: harness::shared_replicated(kind).primary_url(),
         replicated: true,
         label: "replicated",
+        resp3: false,
     }
 }
 

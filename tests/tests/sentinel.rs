@@ -15,6 +15,7 @@ fn target(kind: ServerKind) -> Target {
         url: harness::shared_sentinel(kind).url(),
         replicated: false,
         label: "sentinel",
+        resp3: false,
     }
 }
 

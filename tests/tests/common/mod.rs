@@ -63,6 +63,9 @@ pub struct Target {
     pub replicated: bool,
     /// Admin port of the primary that holds `key`s (standalone/replicated: the only primary).
     pub label: &'static str,
+    /// Connect through a caller's fred client speaking RESP3 ([`LockClient::from_fred`], or
+    /// the builder's `fred_client` when `replicated`) instead of the URL (RESP2).
+    pub resp3: bool,
 }
 
 impl Target {
@@ -72,10 +75,49 @@ impl Target {
             url: harness::shared(kind).url(),
             replicated: false,
             label: "standalone",
+            resp3: false,
         }
     }
 
+    /// This target, reached through a caller's fred client speaking RESP3.
+    pub fn resp3(self) -> Target {
+        Target {
+            resp3: true,
+            label: match self.label {
+                "standalone" => "standalone-resp3",
+                "replicated" => "replicated-resp3",
+                "sentinel" => "sentinel-resp3",
+                "cluster" => "cluster-resp3",
+                other => other,
+            },
+            ..self
+        }
+    }
+
+    /// A caller's fred client for this target's URL, speaking RESP3 (not connected).
+    pub fn resp3_fred(&self) -> sage_lock::fred::clients::Client {
+        use sage_lock::fred::types::RespVersion;
+        use sage_lock::fred::types::config::Config;
+        let mut config = Config::from_url(&self.url).expect("a valid URL");
+        config.version = RespVersion::RESP3;
+        sage_lock::fred::types::Builder::from_config(config)
+            .build()
+            .expect("a fred client")
+    }
+
     pub async fn client(&self) -> LockClient {
+        if self.resp3 {
+            let fred = self.resp3_fred();
+            if !self.replicated {
+                return LockClient::from_fred(fred);
+            }
+            return LockClient::builder()
+                .fred_client(&fred)
+                .replicated(true)
+                .connect()
+                .await
+                .unwrap_or_else(|e| panic!("connect to {} {}: {e}", self.kind.name(), self.label));
+        }
         LockClient::builder()
             .url(&self.url)
             .replicated(self.replicated)

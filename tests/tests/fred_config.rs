@@ -1,0 +1,572 @@
+//! Caller-configured fred clients handed to [`LockClient::from_fred`] (or the builder's
+//! `fred_client`): RESP3 (the behaviour suites on standalone and replicated deployments and a
+//! part of them on a cluster, every connection speaking RESP3, hand-off notifications) and the
+//! caller's other settings (a non-zero database, `fail_fast`, the blocking policy, a flush
+//! per command, a command timeout and reconnect policy of their own), each either kept
+//! and working or overridden as [`LockClient::from_fred`] documents.
+
+mod common;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use common::Target;
+use harness::{Server, ServerKind};
+use sage_lock::fred::clients::Client;
+use sage_lock::fred::interfaces::ClientLike as _;
+use sage_lock::fred::types::RespVersion;
+use sage_lock::fred::types::config::{
+    Blocking, Config, ConnectionConfig, PerformanceConfig, ReconnectPolicy,
+};
+use sage_lock::{LockClient, LockOptions, Locks, current_lease};
+
+fn standalone_resp3(kind: ServerKind) -> Target {
+    Target::standalone(kind).resp3()
+}
+
+fn replicated_resp3(kind: ServerKind) -> Target {
+    Target {
+        kind,
+        url: harness::shared_replicated(kind).primary_url(),
+        replicated: true,
+        label: "replicated",
+        resp3: false,
+    }
+    .resp3()
+}
+
+fn cluster_resp3(kind: ServerKind) -> Target {
+    Target {
+        kind,
+        url: harness::shared_cluster(kind).url(),
+        replicated: false,
+        label: "cluster",
+        resp3: false,
+    }
+    .resp3()
+}
+
+mod standalone_resp3 {
+    use crate::common;
+    common::behaviour_suite!(super::standalone_resp3);
+    common::primitives::primitive_suite!(super::standalone_resp3);
+}
+
+mod replicated_resp3 {
+    use crate::common;
+    common::behaviour_suite!(super::replicated_resp3);
+    common::primitives::primitive_suite!(super::replicated_resp3);
+}
+
+/// A part of the suites on a cluster (its whole suites take as long again as the two above).
+mod cluster_resp3 {
+    use crate::common;
+    common::behaviour_tests!(
+        super::cluster_resp3;
+        mutual_exclusion,
+        renewal_keeps_short_lease,
+        fencing_tokens_increase,
+        outlives_the_runtime_that_connected_it,
+    );
+    common::primitives::primitive_tests!(
+        super::cluster_resp3;
+        semaphore_bounds_holders,
+        rw_readers_share_writers_exclude,
+        multi_gives_every_keys_fencing_token,
+    );
+}
+
+/// A caller's fred client for `url`, configured by `configure` (which may set the reconnect
+/// policy), not connected.
+fn caller_client(
+    url: &str,
+    configure: impl FnOnce(
+        &mut Config,
+        &mut PerformanceConfig,
+        &mut ConnectionConfig,
+        &mut Option<ReconnectPolicy>,
+    ),
+) -> Client {
+    let mut config = Config::from_url(url).expect("a valid URL");
+    let (mut perf, mut connection, mut policy) = (
+        PerformanceConfig::default(),
+        ConnectionConfig::default(),
+        None,
+    );
+    configure(&mut config, &mut perf, &mut connection, &mut policy);
+    Client::new(config, Some(perf), Some(connection), policy)
+}
+
+fn resp3(config: &mut Config) {
+    config.version = RespVersion::RESP3;
+}
+
+/// `waiter` waits for `key` behind `holder` (another client: another process, as far as the
+/// locks can tell), whose body ends 100 ms in. Returns how long after that release the waiter's
+/// body started: a waiter left to its poll starts ~400 ms after it, one woken by the release
+/// notification within milliseconds.
+async fn handoff_gap<H, W, HF, WF>(hold: H, wait: W) -> Duration
+where
+    H: FnOnce(tokio::sync::oneshot::Sender<()>) -> HF,
+    HF: Future<Output = Instant> + Send + 'static,
+    W: FnOnce() -> WF,
+    WF: Future<Output = Instant>,
+{
+    let (held, is_held) = tokio::sync::oneshot::channel();
+    let holding = tokio::spawn(hold(held));
+    is_held.await.expect("the holder took the lock");
+    let entered = wait().await;
+    let released = holding.await.expect("the holder's task");
+    entered.saturating_duration_since(released)
+}
+
+/// Below this, a waiter was woken by its notification (its poll would take ~400 ms).
+const NOTIFIED: Duration = Duration::from_millis(250);
+
+/// Every primitive, with two lock clients made from `make` (each from a fresh caller's client):
+/// a mutex, semaphore and read-write lock each hand over to a waiter of the other client, which
+/// its release notification wakes; a 400 ms lease is renewed through a 1 s body; `holder` names
+/// the hold's fencing token. `name` labels the failures.
+async fn every_primitive(name: &str, make: &dyn Fn() -> LockClient) {
+    let (a, b) = (make(), make());
+    let ns = format!("fred-config-{}", rand::random::<u32>());
+    let options = || {
+        LockOptions::new()
+            .namespace(ns.as_str())
+            .lease(Duration::from_secs(5))
+    };
+    let (mutex_a, mutex_b): (Locks<str>, Locks<str>) = (
+        a.lock_with(options()).expect("opts"),
+        b.lock_with(options()).expect("opts"),
+    );
+    for round in 0..2 {
+        let holder = mutex_a.clone();
+        let fences = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = fences.clone();
+        let gap = handoff_gap(
+            move |held| async move {
+                holder
+                    .with_lock("m", Duration::from_secs(5), async {
+                        let lease = current_lease().expect("a lease");
+                        let info = holder.holder("m").await.expect("holder");
+                        assert_eq!(
+                            info.map(|i| i.fencing_token),
+                            Some(lease.fencing_token()),
+                            "holder() names the hold's fencing token"
+                        );
+                        seen.lock().expect("fences").push(lease.fencing_token());
+                        let _ = held.send(());
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        Instant::now()
+                    })
+                    .await
+                    .expect("the mutex holder")
+            },
+            || async {
+                mutex_b
+                    .with_lock("m", Duration::from_secs(5), async {
+                        fences
+                            .lock()
+                            .expect("fences")
+                            .push(current_lease().expect("a lease").fencing_token());
+                        Instant::now()
+                    })
+                    .await
+                    .unwrap_or_else(|e| panic!("{name}: the mutex waiter: {e}"))
+            },
+        )
+        .await;
+        println!("{name}: mutex round {round}: hand-off {gap:?}");
+        assert!(
+            gap < NOTIFIED,
+            "{name}: mutex round {round}: hand-off {gap:?}"
+        );
+        let fences = fences.lock().expect("fences").clone();
+        assert_eq!(fences.len(), 2, "{name}");
+        assert_eq!(fences[1], fences[0] + 1, "{name}: the next fencing token");
+    }
+
+    let (sem_a, sem_b) = (
+        a.semaphore_with::<str>(1, options()).expect("opts"),
+        b.semaphore_with::<str>(1, options()).expect("opts"),
+    );
+    let gap = handoff_gap(
+        move |held| async move {
+            sem_a
+                .acquire("s", Duration::from_secs(5), async {
+                    let _ = held.send(());
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Instant::now()
+                })
+                .await
+                .expect("the permit holder")
+        },
+        || async {
+            sem_b
+                .acquire("s", Duration::from_secs(5), async { Instant::now() })
+                .await
+                .unwrap_or_else(|e| panic!("{name}: the permit waiter: {e}"))
+        },
+    )
+    .await;
+    println!("{name}: semaphore hand-off {gap:?}");
+    assert!(gap < NOTIFIED, "{name}: semaphore hand-off {gap:?}");
+
+    let (rw_a, rw_b) = (
+        a.rw_lock_with::<str>(options()).expect("opts"),
+        b.rw_lock_with::<str>(options()).expect("opts"),
+    );
+    let gap = handoff_gap(
+        move |held| async move {
+            rw_a.write("r", Duration::from_secs(5), async {
+                let _ = held.send(());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Instant::now()
+            })
+            .await
+            .expect("the writer")
+        },
+        || async {
+            rw_b.read("r", Duration::from_secs(5), async { Instant::now() })
+                .await
+                .unwrap_or_else(|e| panic!("{name}: the reader: {e}"))
+        },
+    )
+    .await;
+    println!("{name}: write-to-read hand-off {gap:?}");
+    assert!(gap < NOTIFIED, "{name}: write-to-read hand-off {gap:?}");
+
+    let short: Locks<str> = a
+        .lock_with(
+            LockOptions::new()
+                .namespace(ns.as_str())
+                .lease(Duration::from_millis(400)),
+        )
+        .expect("opts");
+    let renewed = short
+        .with_lock("renewed", Duration::from_secs(2), async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            current_lease().expect("a lease").is_valid()
+        })
+        .await;
+    assert!(
+        matches!(renewed, Ok(true)),
+        "{name}: a 400 ms lease through a 1 s body: {renewed:?}"
+    );
+    a.quit().await;
+    b.quit().await;
+}
+
+/// [`every_primitive`], then every connection is killed (`CLIENT KILL`, data and subscriber
+/// connections alike) and it runs again: the lock clients reconnect and subscribe again.
+async fn every_primitive_and_reconnects(
+    server: &Server,
+    name: &str,
+    make: &dyn Fn() -> LockClient,
+) {
+    every_primitive(name, make).await;
+    let (a, b) = (make(), make());
+    let locks: Locks<str> = a
+        .lock_with(LockOptions::new().namespace(format!("kill-{}", rand::random::<u32>())))
+        .expect("opts");
+    let waiter: Locks<str> = b
+        .lock_with(LockOptions::new().namespace(locks.namespace()))
+        .expect("opts");
+    harness::wait_behind(&waiter, locks.clone(), "k").await;
+    for kind in ["normal", "pubsub"] {
+        server.cmd_ok(&["CLIENT", "KILL", "TYPE", kind, "SKIPME", "yes"]);
+    }
+    let again = locks
+        .with_lock("k", Duration::from_secs(5), async { 7 })
+        .await;
+    assert_eq!(again.ok(), Some(7), "{name}: after CLIENT KILL");
+    let gap = handoff_gap(
+        move |held| async move {
+            locks
+                .with_lock("k", Duration::from_secs(5), async {
+                    let _ = held.send(());
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Instant::now()
+                })
+                .await
+                .expect("the holder after CLIENT KILL")
+        },
+        || async {
+            waiter
+                .with_lock("k", Duration::from_secs(5), async { Instant::now() })
+                .await
+                .unwrap_or_else(|e| panic!("{name}: the waiter after CLIENT KILL: {e}"))
+        },
+    )
+    .await;
+    println!("{name}: hand-off after CLIENT KILL {gap:?}");
+    assert!(gap < NOTIFIED, "{name}: hand-off after CLIENT KILL {gap:?}");
+    a.quit().await;
+    b.quit().await;
+}
+
+/// The `resp=` field of every client connection on `port` but the one asking and replicas'
+/// links (`flags=S`), with the connection's last command.
+fn protocols(port: u16) -> Vec<(String, String)> {
+    let list = harness::cmd_ok(port, &["CLIENT", "LIST"]);
+    let text = list.to_text().unwrap_or_default();
+    let field = |line: &str, name: &str| {
+        line.split_whitespace()
+            .find_map(|field| field.strip_prefix(name))
+            .unwrap_or("?")
+            .to_owned()
+    };
+    text.lines()
+        .filter(|line| !line.contains("cmd=client|list") && field(line, "flags=") != "S")
+        .map(|line| (field(line, "resp="), field(line, "cmd=")))
+        .collect()
+}
+
+/// Every connection a lock client made from a RESP3 fred client opens speaks RESP3: the shared
+/// one, the subscriber and (replicated) the dedicated ones that carry `WAIT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_connection_of_a_resp3_client_speaks_resp3() {
+    for kind in ServerKind::ALL {
+        let setup = harness::Replicated::start(kind, 1);
+        let port = setup.primary.port();
+        let url = setup.primary_url();
+        for replicated in [false, true] {
+            let make = || async {
+                let fred = caller_client(&url, |c, _, _, _| resp3(c));
+                LockClient::builder()
+                    .fred_client(&fred)
+                    .replicated(replicated)
+                    .connect()
+                    .await
+                    .expect("connect")
+            };
+            let (a, b) = (make().await, make().await);
+            let ns = format!("resp3-conns-{}", rand::random::<u32>());
+            let options = || LockOptions::new().namespace(ns.as_str());
+            let (waiting, holding) = (
+                a.lock_with::<str>(options()).expect("opts"),
+                b.lock_with::<str>(options()).expect("opts"),
+            );
+            harness::wait_behind(&waiting, holding, "k").await;
+            let seen = protocols(port);
+            println!("{kind} replicated={replicated}: resp= of each connection: {seen:?}");
+            // Two shared connections, at least one subscriber, and (replicated) a dedicated one.
+            let least = if replicated { 4 } else { 3 };
+            assert!(seen.len() >= least, "{kind}: {seen:?}");
+            assert!(
+                seen.iter().all(|(resp, _)| resp == "3"),
+                "{kind} replicated={replicated}: a connection not on RESP3: {seen:?}"
+            );
+            a.quit().await;
+            b.quit().await;
+            let left = harness::settle_clients(port, 1, Duration::from_secs(5)).await;
+            assert!(left <= 1, "{kind}: {left} connections left after quit");
+        }
+    }
+}
+
+/// A RESP3 client: every primitive hands over by notification, renews, reconnects after
+/// `CLIENT KILL` (the subscriber subscribes again) and names its holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resp3_every_primitive_and_reconnects() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let url = server.url();
+        let make = || LockClient::from_fred(caller_client(&url, |c, _, _, _| resp3(c)));
+        every_primitive_and_reconnects(&server, &format!("{kind} RESP3"), &make).await;
+    }
+}
+
+/// A non-zero database (RESP2 and RESP3): the lock keys are in that database, and release
+/// notifications (pub/sub knows no databases) still wake the waiters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_of_the_callers_holds_the_locks() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let url = server.url();
+        for version in [RespVersion::RESP2, RespVersion::RESP3] {
+            let make = || {
+                LockClient::from_fred(caller_client(&url, |c, _, _, _| {
+                    c.database = Some(5);
+                    c.version = version.clone();
+                }))
+            };
+            let name = format!("{kind} database 5 {version:?}");
+            every_primitive_and_reconnects(&server, &name, &make).await;
+            let client = make();
+            let ns = format!("db-{}", rand::random::<u32>());
+            let locks: Locks<str> = client
+                .lock_with(LockOptions::new().namespace(ns.as_str()))
+                .expect("opts");
+            let key = String::from_utf8(LockClient::server_key(&ns, "k")).expect("utf8");
+            let (db0, db5) = locks
+                .with_lock("k", Duration::from_secs(2), async {
+                    let mut conn = harness::RawConn::connect(server.port()).expect("connect");
+                    let db0 = conn.cmd(&["EXISTS", &key]).expect("EXISTS").as_int();
+                    conn.cmd(&["SELECT", "5"]).expect("SELECT");
+                    let db5 = conn.cmd(&["EXISTS", &key]).expect("EXISTS").as_int();
+                    (db0, db5)
+                })
+                .await
+                .expect("with_lock");
+            assert_eq!(
+                (db0, db5),
+                (Some(0), Some(1)),
+                "{name}: the lock key's database"
+            );
+            client.quit().await;
+        }
+    }
+}
+
+/// `fail_fast` off (fred retries a failed first connection by its reconnect policy), the
+/// blocking policies `Error` and `Interrupt`, and a flush per command (fred 10's nearest to
+/// auto-pipelining off) with a broadcast capacity of 1 are kept: locks work with
+/// each, also after `CLIENT KILL`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_callers_connection_settings_are_kept_and_work() {
+    type Setting = (&'static str, fn(&mut Config, &mut PerformanceConfig));
+    let settings: [Setting; 4] = [
+        ("fail_fast off", |c, _| c.fail_fast = false),
+        ("Blocking::Error", |c, _| c.blocking = Blocking::Error),
+        ("Blocking::Interrupt", |c, _| {
+            c.blocking = Blocking::Interrupt
+        }),
+        ("a flush per command, broadcast capacity 1", |_, p| {
+            p.max_feed_count = 1;
+            p.broadcast_channel_capacity = 1;
+        }),
+    ];
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let url = server.url();
+        for (setting, apply) in settings {
+            let make = || LockClient::from_fred(caller_client(&url, |c, p, _, _| apply(c, p)));
+            let client = make();
+            let fred = client.fred();
+            let kept = (
+                fred.client_config().fail_fast,
+                fred.client_config().blocking,
+                fred.perf_config().max_feed_count,
+            );
+            let mut expected = (Config::default(), PerformanceConfig::default());
+            apply(&mut expected.0, &mut expected.1);
+            assert_eq!(
+                kept,
+                (
+                    expected.0.fail_fast,
+                    expected.0.blocking,
+                    expected.1.max_feed_count
+                ),
+                "{kind}: {setting} not kept"
+            );
+            client.quit().await;
+            every_primitive_and_reconnects(&server, &format!("{kind} {setting}"), &make).await;
+        }
+    }
+}
+
+/// The same settings on a replicated deployment, where lock operations send `WAIT` on
+/// dedicated connections (which copy the caller's settings too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_callers_connection_settings_work_with_wait() {
+    type Setting = (&'static str, fn(&mut Config, &mut PerformanceConfig));
+    let settings: [Setting; 4] = [
+        ("RESP3", |c, _| resp3(c)),
+        ("Blocking::Error", |c, _| c.blocking = Blocking::Error),
+        ("Blocking::Interrupt", |c, _| {
+            c.blocking = Blocking::Interrupt
+        }),
+        ("a flush per command, database 5", |c, p| {
+            p.max_feed_count = 1;
+            c.database = Some(5);
+        }),
+    ];
+    for kind in ServerKind::ALL {
+        let url = harness::shared_replicated(kind).primary_url();
+        for (setting, apply) in settings {
+            let runtime = tokio::runtime::Handle::current();
+            let make = || {
+                let fred = caller_client(&url, |c, p, _, _| apply(c, p));
+                let connecting = LockClient::builder()
+                    .fred_client(&fred)
+                    .replicated(true)
+                    .connect();
+                tokio::task::block_in_place(|| runtime.block_on(connecting)).expect("connect")
+            };
+            let name = format!("{kind} replicated {setting}");
+            every_primitive(&name, &make).await;
+            let client = make();
+            let waits = client.stats();
+            let locks: Locks<str> = client
+                .lock_with(LockOptions::new().namespace(format!("w-{}", rand::random::<u32>())))
+                .expect("opts");
+            locks
+                .with_lock("k", Duration::from_secs(2), async {})
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let stats = client.stats();
+            assert!(stats.acquisitions > waits.acquisitions, "{name}: {stats:?}");
+            client.quit().await;
+        }
+    }
+}
+
+/// What lock safety relies on is set whatever the caller's client says (as
+/// [`LockClient::from_fred`] documents): one attempt per command, no redirections followed, the
+/// lock client's command timeout (not the caller's 1 ms) and its reconnect policy (not the
+/// caller's one attempt); everything else (here the protocol and database) is the caller's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_callers_timeouts_and_reconnect_policy_are_overridden() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let url = server.url();
+        let make = || {
+            LockClient::from_fred(caller_client(&url, |c, perf, connection, policy| {
+                resp3(c);
+                c.database = Some(2);
+                perf.default_command_timeout = Duration::from_millis(1);
+                connection.max_command_attempts = 5;
+                connection.max_redirections = 5;
+                connection.internal_command_timeout = Duration::from_millis(1);
+                *policy = Some(ReconnectPolicy::new_constant(1, 0));
+            }))
+        };
+        let client = make();
+        let fred = client.fred();
+        let (config, perf, connection) = (
+            fred.client_config(),
+            fred.perf_config(),
+            fred.connection_config().clone(),
+        );
+        assert_eq!(config.version, RespVersion::RESP3, "{kind}");
+        assert_eq!(config.database, Some(2), "{kind}");
+        assert_eq!(
+            perf.default_command_timeout,
+            Duration::from_secs(5),
+            "{kind}"
+        );
+        assert_eq!(connection.max_command_attempts, 1, "{kind}");
+        assert_eq!(connection.max_redirections, 0, "{kind}");
+        assert_eq!(
+            connection.internal_command_timeout,
+            Duration::from_secs(5),
+            "{kind}"
+        );
+        let policy = fred.client_reconnect_policy();
+        assert!(
+            matches!(
+                policy,
+                Some(ReconnectPolicy::Exponential {
+                    max_attempts: 0,
+                    min_delay: 20,
+                    max_delay: 1_000,
+                    ..
+                })
+            ),
+            "{kind}: {policy:?}"
+        );
+        client.quit().await;
+        every_primitive_and_reconnects(&server, &format!("{kind} overridden"), &make).await;
+    }
+}
