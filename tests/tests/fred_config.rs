@@ -570,3 +570,65 @@ async fn the_callers_timeouts_and_reconnect_policy_are_overridden() {
         every_primitive_and_reconnects(&server, &format!("{kind} overridden"), &make).await;
     }
 }
+
+/// A caller's `fail_fast: false` (fred retries a failed first connection by its reconnect
+/// policy) does not turn a connection that cannot succeed into a wait for the whole connect
+/// timeout: [`sage_lock::LockClientBuilder::connect`] still fails at once and names the cause
+/// (a refused connection, the credentials, the database), as with fred's default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callers_fail_fast_off_still_fails_fast_at_connect() {
+    /// Each failure below is local and immediate; the connect timeout is 5 s.
+    const AT_ONCE: Duration = Duration::from_secs(2);
+    let refused = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("address").port()
+    };
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let user = format!("ff-{}", rand::random::<u32>());
+        server.cmd_ok(&["ACL", "SETUSER", &user, "on", ">pw", "~*", "&*", "+@all"]);
+        let port = server.port();
+        let cases = [
+            (format!("redis://127.0.0.1:{refused}"), "Connection refused"),
+            (
+                format!("redis://{user}:wrong@127.0.0.1:{port}"),
+                "refused the credentials",
+            ),
+            (
+                format!("redis://{user}:pw@127.0.0.1:{port}/99"),
+                "has no database 99",
+            ),
+        ];
+        for (url, cause) in cases {
+            for version in [RespVersion::RESP2, RespVersion::RESP3] {
+                let fred = caller_client(&url, |c, _, _, _| {
+                    c.fail_fast = false;
+                    c.version = version.clone();
+                });
+                let started = Instant::now();
+                let outcome = LockClient::builder()
+                    .fred_client(&fred)
+                    .connect_timeout(Duration::from_secs(5))
+                    .connect()
+                    .await;
+                let took = started.elapsed();
+                let error = match outcome {
+                    Ok(client) => {
+                        client.quit().await;
+                        panic!("{kind} {url} {version:?}: connected")
+                    }
+                    Err(error) => error.to_string(),
+                };
+                println!("{kind} {cause} {version:?}: {took:?}: {error}");
+                assert!(
+                    took < AT_ONCE,
+                    "{kind} {url} {version:?}: failed after {took:?}: {error}"
+                );
+                assert!(
+                    error.contains(cause),
+                    "{kind} {url} {version:?}: the error does not name the cause ({cause}): {error}"
+                );
+            }
+        }
+    }
+}
