@@ -54,13 +54,18 @@ impl LockClient {
     /// A lock client for the deployment an existing fred client is configured for.
     ///
     /// Taken from `client`: its server configuration (servers, credentials, TLS, database,
-    /// Sentinel or cluster settings), its connection settings (connect timeout, TCP options, ...)
-    /// and its performance settings. Enforced whatever `client` says, because lock safety relies
-    /// on them: fred never re-sends a command (`max_command_attempts = 1`; a replayed `WAIT`
-    /// would fake an acknowledgement) nor follows a cluster redirection (`max_redirections = 0`:
-    /// the lock layer re-runs a redirected script with its checks on the right node), it
-    /// reconnects forever (20 ms doubling to 1 s), also after `READONLY` and `MASTERDOWN`
-    /// replies, and commands time out after 5 s. The lock client
+    /// Sentinel or cluster settings, protocol: RESP2 or RESP3, blocking policy), its other
+    /// connection settings (TCP options, ...) and its performance settings. Every connection the
+    /// lock client opens (shared, subscriber, dedicated) uses them; a database other than 0
+    /// holds the lock keys, and release notifications reach waiters whatever the database.
+    /// Enforced whatever `client` says, because lock safety relies on them: fred never re-sends
+    /// a command (`max_command_attempts = 1`; a replayed `WAIT` would fake an acknowledgement)
+    /// nor follows a cluster redirection (`max_redirections = 0`: the lock layer re-runs a
+    /// redirected script with its checks on the right node), it reconnects forever (20 ms
+    /// doubling to 1 s), also after `READONLY` and `MASTERDOWN` replies, a first connection
+    /// fails fast (`fail_fast = true`: a refused connection, wrong credentials or a missing
+    /// database is reported at once with its cause, not retried until the connect timeout),
+    /// connecting may take 10 s and commands time out after 5 s. The lock client
     /// opens connections of its own (`client` is left untouched) and closes them when its last
     /// clone is dropped. The deployment is read from the configuration; to declare a plain
     /// server replicated, use `LockClient::builder().fred_client(&client).replicated(true)`.
@@ -325,7 +330,8 @@ impl LockClientBuilder {
     }
 
     /// The server configuration of an existing fred client (servers, credentials, TLS,
-    /// database), with this builder's connection settings. The lock client opens connections of
+    /// database, protocol), with this builder's connection settings and the overrides
+    /// [`LockClient::from_fred`] lists. The lock client opens connections of
     /// its own; `client` is left untouched. Use it to declare a caller's plain client
     /// [`replicated`](LockClientBuilder::replicated).
     #[must_use]
@@ -495,7 +501,7 @@ impl LockClientBuilder {
 /// A fred client for `config` with the settings lock safety relies on (see
 /// [`LockClient::from_fred`]); `connection` and `perf` supply everything else.
 fn build_fred(
-    config: Config,
+    mut config: Config,
     mut connection: fred::types::config::ConnectionConfig,
     mut perf: fred::types::config::PerformanceConfig,
     settings: &LockClientBuilder,
@@ -517,6 +523,11 @@ fn build_fred(
         }
     }
     perf.default_command_timeout = settings.command_timeout;
+    // A first connection that fails ends at once, with its cause: `connect` bounds it by its own
+    // deadline and names that cause, and a client whose first connection ended is connected
+    // again on its next use. Retried by fred instead, a wrong password waited out the deadline
+    // and was reported as an unreachable server.
+    config.fail_fast = true;
     let mut builder = Builder::from_config(config);
     builder
         .set_policy(settings.reconnect.clone())

@@ -419,15 +419,13 @@ async fn a_database_of_the_callers_holds_the_locks() {
     }
 }
 
-/// `fail_fast` off (fred retries a failed first connection by its reconnect policy), the
-/// blocking policies `Error` and `Interrupt`, and a flush per command (fred 10's nearest to
-/// auto-pipelining off) with a broadcast capacity of 1 are kept: locks work with
-/// each, also after `CLIENT KILL`.
+/// The blocking policies `Error` and `Interrupt`, and a flush per command (fred 10's nearest to
+/// auto-pipelining off) with a broadcast capacity of 1 are kept: locks work with each, also
+/// after `CLIENT KILL`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_callers_connection_settings_are_kept_and_work() {
     type Setting = (&'static str, fn(&mut Config, &mut PerformanceConfig));
-    let settings: [Setting; 4] = [
-        ("fail_fast off", |c, _| c.fail_fast = false),
+    let settings: [Setting; 3] = [
         ("Blocking::Error", |c, _| c.blocking = Blocking::Error),
         ("Blocking::Interrupt", |c, _| {
             c.blocking = Blocking::Interrupt
@@ -445,7 +443,6 @@ async fn the_callers_connection_settings_are_kept_and_work() {
             let client = make();
             let fred = client.fred();
             let kept = (
-                fred.client_config().fail_fast,
                 fred.client_config().blocking,
                 fred.perf_config().max_feed_count,
             );
@@ -453,11 +450,7 @@ async fn the_callers_connection_settings_are_kept_and_work() {
             apply(&mut expected.0, &mut expected.1);
             assert_eq!(
                 kept,
-                (
-                    expected.0.fail_fast,
-                    expected.0.blocking,
-                    expected.1.max_feed_count
-                ),
+                (expected.0.blocking, expected.1.max_feed_count),
                 "{kind}: {setting} not kept"
             );
             client.quit().await;
@@ -514,8 +507,9 @@ async fn the_callers_connection_settings_work_with_wait() {
 
 /// What lock safety relies on is set whatever the caller's client says (as
 /// [`LockClient::from_fred`] documents): one attempt per command, no redirections followed, the
-/// lock client's command timeout (not the caller's 1 ms) and its reconnect policy (not the
-/// caller's one attempt); everything else (here the protocol and database) is the caller's.
+/// lock client's connect and command timeouts (not the caller's 1 ms), its reconnect policy (not
+/// the caller's one attempt) and a first connection that fails fast (not the caller's
+/// `fail_fast = false`); everything else (here the protocol and database) is the caller's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_callers_timeouts_and_reconnect_policy_are_overridden() {
     for kind in ServerKind::ALL {
@@ -525,10 +519,12 @@ async fn the_callers_timeouts_and_reconnect_policy_are_overridden() {
             LockClient::from_fred(caller_client(&url, |c, perf, connection, policy| {
                 resp3(c);
                 c.database = Some(2);
+                c.fail_fast = false;
                 perf.default_command_timeout = Duration::from_millis(1);
                 connection.max_command_attempts = 5;
                 connection.max_redirections = 5;
                 connection.internal_command_timeout = Duration::from_millis(1);
+                connection.connection_timeout = Duration::from_millis(1);
                 *policy = Some(ReconnectPolicy::new_constant(1, 0));
             }))
         };
@@ -541,6 +537,7 @@ async fn the_callers_timeouts_and_reconnect_policy_are_overridden() {
         );
         assert_eq!(config.version, RespVersion::RESP3, "{kind}");
         assert_eq!(config.database, Some(2), "{kind}");
+        assert!(config.fail_fast, "{kind}: fail_fast");
         assert_eq!(
             perf.default_command_timeout,
             Duration::from_secs(5),
@@ -551,6 +548,11 @@ async fn the_callers_timeouts_and_reconnect_policy_are_overridden() {
         assert_eq!(
             connection.internal_command_timeout,
             Duration::from_secs(5),
+            "{kind}"
+        );
+        assert_eq!(
+            connection.connection_timeout,
+            sage_lock::DEFAULT_CONNECT_TIMEOUT,
             "{kind}"
         );
         let policy = fred.client_reconnect_policy();
