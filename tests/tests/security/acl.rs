@@ -50,6 +50,9 @@ pub(crate) struct User {
     pub(crate) name: String,
     pub(crate) ns: String,
     pub(crate) url: String,
+    /// Connect through a fred client configured for RESP3 (`HELLO 3 AUTH`) with the user's
+    /// credentials in its `Config`, instead of the URL.
+    pub(crate) resp3: bool,
 }
 
 impl User {
@@ -69,10 +72,30 @@ impl User {
             set_user(server, &rule(&name, &ns), &change);
         }
         let url = url.replacen("://", &format!("://{name}:{PASSWORD}@"), 1);
-        User { name, ns, url }
+        User {
+            name,
+            ns,
+            url,
+            resp3: false,
+        }
     }
 
     pub(crate) async fn client(&self, replicated: bool) -> LockClient {
+        if self.resp3 {
+            use sage_lock::fred::types::config::Config;
+            let mut config = Config::from_url(&self.url).expect("a valid URL");
+            config.version = sage_lock::fred::types::RespVersion::RESP3;
+            assert_eq!(config.username.as_deref(), Some(self.name.as_str()));
+            let fred = sage_lock::fred::types::Builder::from_config(config)
+                .build()
+                .expect("a fred client");
+            return LockClient::builder()
+                .fred_client(&fred)
+                .replicated(replicated)
+                .connect()
+                .await
+                .unwrap_or_else(|e| panic!("connect as {} on RESP3: {e}", self.name));
+        }
         LockClient::builder()
             .url(&self.url)
             .replicated(replicated)
@@ -291,6 +314,23 @@ async fn acl_documented_rule_runs_every_operation_replicated() {
         let deployment = harness::shared_replicated(kind);
         let servers: Vec<&Server> = deployment.servers().collect();
         every_operation(&servers, &deployment.primary_url(), true).await;
+    }
+}
+
+/// The same on RESP3 (fred authenticates with `HELLO 3 AUTH`): nothing is denied, the release
+/// notifications arrive as RESP3 push messages, standalone and replicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_documented_rule_runs_every_operation_resp3() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let mut user = User::on(&[server], &server.url(), valkey_extras(&[server]));
+        user.resp3 = true;
+        every_operation_as(&user, &[server], false).await;
+        let deployment = harness::shared_replicated(kind);
+        let servers: Vec<&Server> = deployment.servers().collect();
+        let mut user = User::on(&servers, &deployment.primary_url(), valkey_extras(&servers));
+        user.resp3 = true;
+        every_operation_as(&user, &servers, true).await;
     }
 }
 
