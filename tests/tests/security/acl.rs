@@ -366,3 +366,38 @@ async fn acl_documented_rule_runs_every_operation_cluster() {
         every_operation(&servers, &cluster.url(), false).await;
     }
 }
+
+/// A caller's fred client that names its connections (`auto_client_setname`: `CLIENT SETNAME`
+/// in each handshake, which the documented rule does not grant), handed to
+/// [`LockClient::from_fred`] as the documented user: locks work, nothing is denied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_documented_rule_with_a_callers_client_naming_its_connections() {
+    use sage_lock::fred::types::config::{Config, ConnectionConfig};
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let user = User::new(server, valkey_extras(&[server]));
+        let connection = ConnectionConfig {
+            auto_client_setname: true,
+            ..ConnectionConfig::default()
+        };
+        let fred = sage_lock::fred::clients::Client::new(
+            Config::from_url(&user.url).expect("a valid URL"),
+            None,
+            Some(connection),
+            None,
+        );
+        let client = LockClient::from_fred(fred);
+        let locks: Locks<str> = client
+            .lock_with(user.options(Duration::from_secs(5)))
+            .expect("options");
+        let started = Instant::now();
+        let outcome = locks
+            .with_lock("named", Duration::from_secs(2), async { 8 })
+            .await;
+        println!("{kind}: {outcome:?} after {:?}", started.elapsed());
+        assert_eq!(outcome.ok(), Some(8), "{kind}: with_lock as {}", user.name);
+        let denials = user.denials(server);
+        assert!(denials.is_empty(), "{kind}: denied: {denials:#?}");
+        client.quit().await;
+    }
+}
