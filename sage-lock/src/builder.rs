@@ -65,7 +65,8 @@ impl LockClient {
     /// doubling to 1 s), also after `READONLY` and `MASTERDOWN` replies, a first connection
     /// fails fast (`fail_fast = true`: a refused connection, wrong credentials or a missing
     /// database is reported at once with its cause, not retried until the connect timeout),
-    /// connecting may take 10 s and commands time out after 5 s. The lock client
+    /// connections are not named (`auto_client_setname = false`: the README's ACL rule does not
+    /// grant `CLIENT SETNAME`), connecting may take 10 s and commands time out after 5 s. The lock client
     /// opens connections of its own (`client` is left untouched) and closes them when its last
     /// clone is dropped. The deployment is read from the configuration; to declare a plain
     /// server replicated, use `LockClient::builder().fred_client(&client).replicated(true)`.
@@ -511,6 +512,9 @@ fn build_fred(
     connection.max_command_attempts = 1;
     connection.max_redirections = 0;
     connection.connection_timeout = settings.connect_timeout;
+    // Unnamed: the name would be this client's random fred id, and `CLIENT SETNAME` in every
+    // handshake is a command the documented ACL rule does not grant (no connection at all).
+    connection.auto_client_setname = false;
     connection.internal_command_timeout = settings.command_timeout;
     // A demoted primary answers READONLY without dropping the connection: reconnect (through
     // Sentinel, to the new primary) instead of failing writes until then.

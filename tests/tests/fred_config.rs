@@ -508,8 +508,8 @@ async fn the_callers_connection_settings_work_with_wait() {
 /// What lock safety relies on is set whatever the caller's client says (as
 /// [`LockClient::from_fred`] documents): one attempt per command, no redirections followed, the
 /// lock client's connect and command timeouts (not the caller's 1 ms), its reconnect policy (not
-/// the caller's one attempt) and a first connection that fails fast (not the caller's
-/// `fail_fast = false`); everything else (here the protocol and database) is the caller's.
+/// the caller's one attempt), a first connection that fails fast (not the caller's
+/// `fail_fast = false`) and unnamed connections (not `auto_client_setname`); everything else (here the protocol and database) is the caller's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_callers_timeouts_and_reconnect_policy_are_overridden() {
     for kind in ServerKind::ALL {
@@ -525,6 +525,7 @@ async fn the_callers_timeouts_and_reconnect_policy_are_overridden() {
                 connection.max_redirections = 5;
                 connection.internal_command_timeout = Duration::from_millis(1);
                 connection.connection_timeout = Duration::from_millis(1);
+                connection.auto_client_setname = true;
                 *policy = Some(ReconnectPolicy::new_constant(1, 0));
             }))
         };
@@ -545,6 +546,10 @@ async fn the_callers_timeouts_and_reconnect_policy_are_overridden() {
         );
         assert_eq!(connection.max_command_attempts, 1, "{kind}");
         assert_eq!(connection.max_redirections, 0, "{kind}");
+        assert!(
+            !connection.auto_client_setname,
+            "{kind}: auto_client_setname"
+        );
         assert_eq!(
             connection.internal_command_timeout,
             Duration::from_secs(5),
