@@ -222,7 +222,9 @@ impl LockClientBuilder {
         self
     }
 
-    /// A complete fred configuration instead of a URL (its `tls` field included).
+    /// A complete fred configuration instead of a URL (its `tls` field included, and its
+    /// protocol: `version: RespVersion::RESP3` for RESP3), with the overrides
+    /// [`LockClient::from_fred`] lists.
     #[must_use]
     pub fn config(mut self, config: Config) -> Self {
         self.config = Ok(config);

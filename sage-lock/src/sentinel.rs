@@ -185,4 +185,22 @@ mod tests {
         assert_eq!(count_up(Value::Array(Vec::new())), Some(0));
         assert_eq!(count_up(Value::from("unexpected")), None);
     }
+
+    /// On RESP3 a Sentinel lists each replica as a map (seen from Redis 7's Sentinel:
+    /// `Array([Map({"name": .., "flags": "slave", ..}), ..])`).
+    #[test]
+    fn counts_replicas_listed_as_resp3_maps() {
+        let replica = |flags: &str| {
+            let mut map = fred::types::Map::new();
+            map.insert("name".into(), Value::from("127.0.0.1:7001"));
+            map.insert("flags".into(), Value::from(flags));
+            Value::Map(map)
+        };
+        let reply = Value::Array(vec![
+            replica("slave"),
+            replica("s_down,slave"),
+            replica("slave,disconnected"),
+        ]);
+        assert_eq!(count_up(reply), Some(2));
+    }
 }

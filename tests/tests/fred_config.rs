@@ -1,9 +1,10 @@
 //! Caller-configured fred clients handed to [`LockClient::from_fred`] (or the builder's
-//! `fred_client`): RESP3 (the behaviour suites on standalone and replicated deployments and a
-//! part of them on a cluster, every connection speaking RESP3, hand-off notifications) and the
-//! caller's other settings (a non-zero database, `fail_fast`, the blocking policy, a flush
-//! per command, a command timeout and reconnect policy of their own), each either kept
-//! and working or overridden as [`LockClient::from_fred`] documents.
+//! `fred_client`). RESP3: the behaviour suites on a standalone server and their part where
+//! replies differ on replicated, Sentinel and cluster deployments; every connection speaking
+//! RESP3; hand-off notifications. The caller's other settings (a non-zero database, the
+//! blocking policy, flushing and broadcast capacity) are kept and work; those locks rely on
+//! (timeouts, reconnect policy, `fail_fast`, connection names, retries) are overridden as
+//! [`LockClient::from_fred`] documents.
 
 mod common;
 
@@ -52,10 +53,28 @@ mod standalone_resp3 {
     common::primitives::primitive_suite!(super::standalone_resp3);
 }
 
+/// The suites' promises where `WAIT` and `ROLE` replies matter (the rest, the same scripts'
+/// replies as on a standalone server, is left to the standalone run above).
 mod replicated_resp3 {
     use crate::common;
-    common::behaviour_suite!(super::replicated_resp3);
-    common::primitives::primitive_suite!(super::replicated_resp3);
+    common::behaviour_tests!(
+        super::replicated_resp3;
+        mutual_exclusion,
+        timed_out_is_bounded,
+        renewal_keeps_short_lease,
+        loss_when_key_deleted,
+        cancellation_releases,
+        fencing_tokens_increase,
+        outlives_the_runtime_that_connected_it,
+    );
+    common::primitives::primitive_tests!(
+        super::replicated_resp3;
+        primitives_renew_short_leases,
+        primitives_release_on_cancellation,
+        semaphore_bounds_holders,
+        rw_readers_share_writers_exclude,
+        multi_gives_every_keys_fencing_token,
+    );
 }
 
 /// A part of the suites on a cluster (its whole suites take as long again as the two above).
@@ -73,6 +92,27 @@ mod cluster_resp3 {
         semaphore_bounds_holders,
         rw_readers_share_writers_exclude,
         multi_gives_every_keys_fencing_token,
+    );
+}
+
+fn sentinel_resp3(kind: ServerKind) -> Target {
+    Target {
+        kind,
+        url: harness::shared_sentinel(kind).url(),
+        replicated: false,
+        label: "sentinel",
+        resp3: false,
+    }
+    .resp3()
+}
+
+/// Through Sentinel (which lists the replicas as RESP3 maps): the basics.
+mod sentinel_resp3 {
+    use crate::common;
+    common::behaviour_tests!(
+        super::sentinel_resp3;
+        mutual_exclusion,
+        renewal_keeps_short_lease,
     );
 }
 
@@ -139,6 +179,22 @@ async fn every_primitive(name: &str, make: &dyn Fn() -> LockClient) {
         a.lock_with(options()).expect("opts"),
         b.lock_with(options()).expect("opts"),
     );
+    // Renewed meanwhile, on a key of its own: a 400 ms lease through a 1 s body.
+    let short: Locks<str> = a
+        .lock_with(
+            LockOptions::new()
+                .namespace(ns.as_str())
+                .lease(Duration::from_millis(400)),
+        )
+        .expect("opts");
+    let renewing = tokio::spawn(async move {
+        short
+            .with_lock("renewed", Duration::from_secs(2), async {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                current_lease().expect("a lease").is_valid()
+            })
+            .await
+    });
     for round in 0..2 {
         let holder = mutex_a.clone();
         let fences = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -236,19 +292,7 @@ async fn every_primitive(name: &str, make: &dyn Fn() -> LockClient) {
     println!("{name}: write-to-read hand-off {gap:?}");
     assert!(gap < NOTIFIED, "{name}: write-to-read hand-off {gap:?}");
 
-    let short: Locks<str> = a
-        .lock_with(
-            LockOptions::new()
-                .namespace(ns.as_str())
-                .lease(Duration::from_millis(400)),
-        )
-        .expect("opts");
-    let renewed = short
-        .with_lock("renewed", Duration::from_secs(2), async {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            current_lease().expect("a lease").is_valid()
-        })
-        .await;
+    let renewed = renewing.await.expect("the renewal task");
     assert!(
         matches!(renewed, Ok(true)),
         "{name}: a 400 ms lease through a 1 s body: {renewed:?}"
@@ -459,8 +503,9 @@ async fn the_callers_connection_settings_are_kept_and_work() {
     }
 }
 
-/// The same settings on a replicated deployment, where lock operations send `WAIT` on
-/// dedicated connections (which copy the caller's settings too).
+/// The caller's `Config` settings on a replicated deployment (through the builder's
+/// `fred_client`, which takes the `Config` alone), where lock operations send `WAIT` on
+/// dedicated connections, which copy them too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_callers_connection_settings_work_with_wait() {
     type Setting = (&'static str, fn(&mut Config, &mut PerformanceConfig));
@@ -470,10 +515,7 @@ async fn the_callers_connection_settings_work_with_wait() {
         ("Blocking::Interrupt", |c, _| {
             c.blocking = Blocking::Interrupt
         }),
-        ("a flush per command, database 5", |c, p| {
-            p.max_feed_count = 1;
-            c.database = Some(5);
-        }),
+        ("database 5", |c, _| c.database = Some(5)),
     ];
     for kind in ServerKind::ALL {
         let url = harness::shared_replicated(kind).primary_url();
@@ -489,18 +531,6 @@ async fn the_callers_connection_settings_work_with_wait() {
             };
             let name = format!("{kind} replicated {setting}");
             every_primitive(&name, &make).await;
-            let client = make();
-            let waits = client.stats();
-            let locks: Locks<str> = client
-                .lock_with(LockOptions::new().namespace(format!("w-{}", rand::random::<u32>())))
-                .expect("opts");
-            locks
-                .with_lock("k", Duration::from_secs(2), async {})
-                .await
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
-            let stats = client.stats();
-            assert!(stats.acquisitions > waits.acquisitions, "{name}: {stats:?}");
-            client.quit().await;
         }
     }
 }
@@ -509,7 +539,8 @@ async fn the_callers_connection_settings_work_with_wait() {
 /// [`LockClient::from_fred`] documents): one attempt per command, no redirections followed, the
 /// lock client's connect and command timeouts (not the caller's 1 ms), its reconnect policy (not
 /// the caller's one attempt), a first connection that fails fast (not the caller's
-/// `fail_fast = false`) and unnamed connections (not `auto_client_setname`); everything else (here the protocol and database) is the caller's.
+/// `fail_fast = false`) and unnamed connections (not `auto_client_setname`); everything else
+/// (here the protocol and database) is the caller's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_callers_timeouts_and_reconnect_policy_are_overridden() {
     for kind in ServerKind::ALL {
