@@ -476,3 +476,69 @@ async fn several_slots_hold_the_earlier_while_waiting_for_the_later() {
         );
     }
 }
+
+/// A `with_locks` wait that times out on the later of two slots reports the whole call's wait,
+/// not only the later slot's: the earlier key is free after 250 ms, the later one stays held, and
+/// the caller gives up after its 600 ms wait saying it waited at least that long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_slots_timeout_reports_the_whole_wait() {
+    for kind in ServerKind::ALL {
+        let ns = format!("slots-timeout-{}", rand::random::<u32>());
+        let slot = |key: &str| harness::key_slot(&LockClient::server_key(&ns, key));
+        let (early, late) = if slot("a") < slot("b") {
+            ("a", "b")
+        } else {
+            ("b", "a")
+        };
+        let options = || LockOptions::new().namespace(ns.as_str());
+        let (holder, several) = (target(kind).client().await, target(kind).client().await);
+        let holding: Locks<str> = holder.lock_with(options()).expect("opts");
+        let waiting: Locks<str> = several.lock_with(options()).expect("opts");
+        let (release, released) = tokio::sync::watch::channel(false);
+        let (held_tx, mut held_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let hold = |key: &'static str, for_at_most: Duration| {
+            let (holding, held_tx, mut released) =
+                (holding.clone(), held_tx.clone(), released.clone());
+            tokio::spawn(async move {
+                holding
+                    .with_lock(key, Duration::from_secs(2), async {
+                        let _ = held_tx.send(());
+                        let _ = tokio::time::timeout(for_at_most, released.wait_for(|r| *r)).await;
+                    })
+                    .await
+                    .expect("hold a key")
+            })
+        };
+        let holders = [
+            hold(early, Duration::from_millis(250)),
+            hold(late, Duration::from_secs(10)),
+        ];
+        for _ in 0..2 {
+            held_rx.recv().await.expect("both keys held");
+        }
+        let wait = Duration::from_millis(600);
+        let started = Instant::now();
+        let result = waiting.with_locks(&[late, early], wait, async {}).await;
+        let elapsed = started.elapsed();
+        match result {
+            Err(LockError::TimedOut { waited, key, .. }) => {
+                println!(
+                    "{} cluster: timed out on {key} after {elapsed:?}, reported {waited:?}",
+                    kind.name()
+                );
+                assert!(
+                    waited >= wait,
+                    "{}: reported {waited:?} for a {wait:?} wait that took {elapsed:?}",
+                    kind.name()
+                );
+            }
+            other => panic!("{}: expected TimedOut, got {other:?}", kind.name()),
+        }
+        release.send(true).expect("release");
+        for holder in holders {
+            holder.await.expect("holder task");
+        }
+        holder.quit().await;
+        several.quit().await;
+    }
+}
