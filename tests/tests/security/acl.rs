@@ -284,7 +284,7 @@ async fn every_operation_as(user: &User, servers: &[&Server], replicated: bool) 
     let _ = release.send(());
     let _ = holder.await;
 
-    // A dedicated connection goes back to the pool through RESET.
+    // A dedicated connection loan, opened as the user; dropped, it is closed.
     let loan = client
         .dedicated_connection(Duration::from_secs(2))
         .await
