@@ -142,8 +142,13 @@ async fn acquire_all(
                     taken.release().await;
                     return Ok(None);
                 }
-                Ok(Err(error)) => {
+                Ok(Err(mut error)) => {
                     taken.release().await;
+                    // A later unit's wait began after the earlier units were taken: the
+                    // caller waited since this call began.
+                    if let LockError::TimedOut { waited, .. } = &mut error {
+                        *waited = start.elapsed();
+                    }
                     return Err(error);
                 }
                 Err((key, reason)) => {
