@@ -670,3 +670,61 @@ async fn a_callers_fail_fast_off_still_fails_fast_at_connect() {
         }
     }
 }
+
+/// The error and its sources, as one line.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text = format!("{text}: {cause}");
+        source = cause.source();
+    }
+    text
+}
+
+/// A caller's fred client that can never connect (a wrong password, a database the server
+/// does not have), handed to `from_fred` (which connects in the background and reports
+/// nothing): the calls that then get no reply say why, with what to fix, instead of only "no
+/// reply from the server within the wait".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_on_a_client_that_cannot_connect_name_the_cause() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let user = format!("cause-{}", rand::random::<u32>());
+        server.cmd_ok(&["ACL", "SETUSER", &user, "on", ">pw", "~*", "&*", "+@all"]);
+        let port = server.port();
+        let cases = [
+            (
+                format!("redis://{user}:wrong@127.0.0.1:{port}"),
+                "the server refused the credentials",
+            ),
+            (
+                format!("redis://{user}:pw@127.0.0.1:{port}/99"),
+                "the server has no database 99",
+            ),
+        ];
+        for (url, cause) in cases {
+            let client = LockClient::from_fred(caller_client(&url, |_, _, _, _| {}));
+            let locks: Locks<str> = client.lock();
+            let waited = locks
+                .with_lock("k", Duration::from_millis(800), async {})
+                .await
+                .expect_err("no connection");
+            let waited = chain(&waited);
+            println!("{kind} with_lock: {waited}");
+            assert!(
+                waited.contains(cause) && waited.contains("not connected to"),
+                "{kind} {url}: with_lock's error does not name the cause ({cause}): {waited}"
+            );
+            if cause.contains("credentials") {
+                let inspected = chain(&locks.is_locked("k").await.expect_err("no connection"));
+                println!("{kind} is_locked: {inspected}");
+                assert!(
+                    inspected.contains(cause),
+                    "{kind} {url}: is_locked's error does not name the cause ({cause}): {inspected}"
+                );
+            }
+            client.quit().await;
+        }
+    }
+}

@@ -401,3 +401,37 @@ async fn acl_documented_rule_with_a_callers_client_naming_its_connections() {
         client.quit().await;
     }
 }
+
+/// A connected client whose user's password changes on the server (rotated, with the service
+/// not yet redeployed) cannot reconnect once its connection drops: its calls say the server
+/// refused the credentials (not only that no reply came).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_changed_under_a_connected_client_is_named() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let user = format!("rotated-{}", rand::random::<u32>());
+        server.cmd_ok(&["ACL", "SETUSER", &user, "on", ">pw", "~*", "&*", "+@all"]);
+        let url = format!("redis://{user}:pw@127.0.0.1:{}", server.port());
+        let client = LockClient::connect(&url).await.expect("connect");
+        let locks: Locks<str> = client.lock();
+        locks
+            .with_lock("k", Duration::from_secs(2), async {})
+            .await
+            .expect("locks with the password");
+
+        server.cmd_ok(&["ACL", "SETUSER", &user, "resetpass", ">rotated"]);
+        server.cmd_ok(&["CLIENT", "KILL", "USER", &user]);
+        let error = locks
+            .with_lock("k", Duration::from_millis(800), async {})
+            .await
+            .expect_err("the old password is refused");
+        let error = error.to_string();
+        println!("{}: {error}", kind.name());
+        assert!(
+            error.contains("refused the credentials"),
+            "{}: the error does not say the credentials were refused: {error}",
+            kind.name()
+        );
+        client.quit().await;
+    }
+}
