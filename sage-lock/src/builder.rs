@@ -472,9 +472,7 @@ impl LockClientBuilder {
             Some(task)
         };
         if let Some(error) = failure {
-            let hint = crate::url::mismatch_hint(&error, database)
-                .or_else(|| crate::acl::denial_hint(&error, None))
-                .unwrap_or_else(|| tls::connect_hint(&error, uses_tls).to_owned());
+            let hint = crate::url::connect_failure_hint(&error, database, uses_tls);
             return Err(LockError::backend(
                 format!("could not connect to {target}: {hint}"),
                 error,

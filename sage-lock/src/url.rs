@@ -70,6 +70,19 @@ pub(crate) fn describe(config: &Config) -> String {
     format!("{} ({:?})", hosts.join(","), Deployment::of(&config.server))
 }
 
+/// What to tell the user about a connection that failed: the URL names the wrong kind of
+/// server or a missing database, the ACL denies a command of the handshake, or else what
+/// [`crate::tls::connect_hint`] says (credentials, certificates, an unreachable server).
+pub(crate) fn connect_failure_hint(
+    error: &fred::error::Error,
+    database: Option<u8>,
+    tls: bool,
+) -> String {
+    mismatch_hint(error, database)
+        .or_else(|| crate::acl::denial_hint(error, None))
+        .unwrap_or_else(|| crate::tls::connect_hint(error, tls).to_owned())
+}
+
 /// What to tell the user when the first connection failed because the URL names the wrong kind
 /// of server, or a database the server does not have; `None` for any other failure.
 pub(crate) fn mismatch_hint(error: &fred::error::Error, database: Option<u8>) -> Option<String> {

@@ -24,10 +24,12 @@ use crate::sentinel::SentinelSeed;
 use crate::topology::{Deployment, run_checked};
 
 mod delifeq;
+mod down;
 mod in_flight;
 mod verdict;
 
 use delifeq::DELIFEQ_UNKNOWN;
+use down::ConnectionErrors;
 use in_flight::InFlight;
 pub(crate) use verdict::{Ack, OpError};
 use verdict::{is_stale_route, judge, not_the_granter, serving_node};
@@ -80,6 +82,8 @@ pub(crate) struct Connection {
     closed: Arc<std::sync::atomic::AtomicBool>,
     /// Through Sentinel: seeds the replica floor of the first primary written to.
     sentinel_seed: Option<SentinelSeed>,
+    /// The shared connection's errors, to say why it is down.
+    errors: ConnectionErrors,
 }
 
 impl Connection {
@@ -97,6 +101,7 @@ impl Connection {
         let pool = Arc::new(DedicatedPool::new(fred.clone(), max_connections));
         Connection {
             sentinel_seed: SentinelSeed::for_client(&fred),
+            errors: ConnectionErrors::watch(&fred),
             fred,
             deployment,
             pool,
@@ -319,7 +324,7 @@ impl Connection {
         if !self.deployment.is_replicated() {
             return match tokio::time::timeout_at(limit, run_plain(fred, call)).await {
                 Ok(result) => Ok((result?, Ack::Confirmed, None)),
-                Err(_) => Err(OpError::Failed(timeout_error())),
+                Err(_) => Err(OpError::Failed(self.timeout_error())),
             };
         }
         if !replica_ack {
@@ -343,7 +348,7 @@ impl Connection {
                     }
                     judged
                 }
-                Err(_) => Err(OpError::Failed(timeout_error())),
+                Err(_) => Err(OpError::Failed(self.timeout_error())),
             };
         }
         // Boxed (as the other multi-KB futures below): keeps this future, and every one that
@@ -409,7 +414,7 @@ impl Connection {
                     Ok(Err(error)) => {
                         not_the_granter(error, serving_node(&conn, call.slot).as_ref(), granted_by)
                     }
-                    _ => timeout_error(),
+                    _ => self.timeout_error(),
                 }))
             }
         }
@@ -424,7 +429,7 @@ impl Connection {
         self.ensure_open()?;
         match tokio::time::timeout_at(deadline, run_plain(self.fred(), call)).await {
             Ok(result) => Ok(result?),
-            Err(_) => Err(OpError::Failed(timeout_error())),
+            Err(_) => Err(OpError::Failed(self.timeout_error())),
         }
     }
 }
@@ -464,6 +469,20 @@ pub(crate) static CALLER_TIMED: std::sync::LazyLock<fred::types::config::Options
 /// The detail text of a command cut short by the caller's deadline.
 pub(crate) const DEADLINE_REACHED: &str = "no reply before the deadline";
 
-fn timeout_error() -> Error {
-    Error::new(fred::error::ErrorKind::Timeout, DEADLINE_REACHED)
+impl Connection {
+    /// Why the shared connection is down, with what to check; `None` while it is up (or before
+    /// it ever failed).
+    pub(crate) fn why_down(&self) -> Option<String> {
+        self.errors.why_down(&self.fred)
+    }
+
+    /// The error of a command cut short by the caller's deadline: [`DEADLINE_REACHED`], followed
+    /// by why the shared connection is down when it is.
+    fn timeout_error(&self) -> Error {
+        let details = match self.why_down() {
+            Some(why) => format!("{DEADLINE_REACHED}: {why}"),
+            None => DEADLINE_REACHED.to_owned(),
+        };
+        Error::new(fred::error::ErrorKind::Timeout, details)
+    }
 }

@@ -173,6 +173,17 @@ async fn let_follower_queue() {
     }
 }
 
+/// The wait ran out: why, from what the attempts found; when no server answered, and the
+/// shared connection is down, the connection's last error says why.
+fn timed_out(found: &Findings, conn: &crate::connection::Connection) -> Stop {
+    Stop::TimedOut(match found.timeout_reason() {
+        TimeoutReason::Unavailable(last) => {
+            TimeoutReason::Unavailable(conn.why_down().unwrap_or(last))
+        }
+        reason => reason,
+    })
+}
+
 struct Granted {
     lease: Lease,
     /// The fencing token of each key a several-key unit was granted (else empty).
@@ -358,9 +369,9 @@ async fn acquire_loop(
                 if classify(&error) == Failure::Permanent {
                     return Err(Stop::Failed(error));
                 }
-                if error.details() == DEADLINE_REACHED && remaining(deadline).is_zero() {
+                if error.details().starts_with(DEADLINE_REACHED) && remaining(deadline).is_zero() {
                     // Cut short by our own deadline: keep what the previous attempts found.
-                    return Err(Stop::TimedOut(found.timeout_reason()));
+                    return Err(timed_out(&found, client));
                 }
                 client
                     .stats
@@ -376,7 +387,7 @@ async fn acquire_loop(
         }
         let left = remaining(deadline);
         if left.is_zero() {
-            return Err(Stop::TimedOut(found.timeout_reason()));
+            return Err(timed_out(&found, client));
         }
         let busy = found.busy;
         // Never sleep past the deadline, nor (much) past the moment the holder's lease ends.
