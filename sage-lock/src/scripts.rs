@@ -45,6 +45,7 @@ impl Script {
             slot,
             keys,
             args,
+            never_late: false,
         }
     }
 
@@ -72,9 +73,23 @@ pub(crate) struct ScriptCall<'s> {
     pub(crate) slot: u16,
     keys: Vec<Bytes>,
     args: Vec<Value>,
+    /// Whether the call must not reach the server once its caller's deadline has passed (see
+    /// [`ScriptCall::never_late`]).
+    pub(crate) never_late: bool,
 }
 
 impl ScriptCall<'_> {
+    /// Marks an acquisition attempt: once its caller's deadline has passed, it is never sent.
+    /// fred keeps a command that could not be written (the connection is down) and sends it
+    /// once reconnected, however late; an attempt sent then would take the key for a whole
+    /// lease with nobody to release it. Releases and renewals stay as they are: sent late, they
+    /// still act only on their own token.
+    #[must_use]
+    pub(crate) fn never_late(mut self) -> Self {
+        self.never_late = true;
+        self
+    }
+
     /// The `EVALSHA` (or, with `use_source`, `EVAL`) command and its arguments, routed to the slot.
     pub(crate) fn command(&self, use_source: bool) -> (CustomCommand, Vec<Value>) {
         let (name, body) = if use_source {

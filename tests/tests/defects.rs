@@ -886,65 +886,91 @@ async fn a_dropped_client_closes_its_subscriber_connection() {
 /// came back, are not granted once the client reconnects: fred kept them queued and sent them
 /// on the new connection, where they took the free keys for a whole lease with nobody to
 /// release them. The outage is a real TCP proxy that drops the client's connections and then
-/// lets nothing through (the server stays up, its scripts loaded) until it heals.
+/// lets nothing through (the server stays up, its scripts loaded) until it heals. On a
+/// standalone server and on a primary with a replica (attempts on dedicated connections, with
+/// `WAIT`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attempts_given_up_during_an_outage_are_not_granted_after_it() {
-    use harness::chaos::proxy::{Mode, Proxy};
-    const KEYS: [&str; 3] = ["k0", "k1", "k2"];
     for kind in ServerKind::ALL {
         let server = harness::shared(kind);
-        let proxy = Proxy::start(server.port()).expect("proxy");
-        let ns = format!("outage-{}", rand::random::<u32>());
-        let client = LockClient::connect(&format!("redis://127.0.0.1:{}", proxy.port()))
-            .await
-            .expect("connect");
-        let locks: Locks<str> = client
-            .lock_with(
-                LockOptions::new()
-                    .namespace(ns.as_str())
-                    .lease(Duration::from_secs(20)),
-            )
-            .expect("options");
-        for key in KEYS {
-            locks
-                .with_lock(key, Duration::from_secs(2), async {})
-                .await
-                .expect("before the outage");
-        }
-
-        proxy.set_mode(Mode::Blackhole);
-        proxy.drop_connections();
-        for key in KEYS {
-            let gave_up = locks
-                .with_lock(key, Duration::from_millis(300), async {})
-                .await;
-            assert!(
-                matches!(gave_up, Err(LockError::TimedOut { .. })),
-                "{kind:?}: {key} during the outage: {gave_up:?}"
-            );
-        }
-        proxy.set_mode(Mode::Normal);
-        locks
-            .with_lock("probe", Duration::from_secs(15), async {})
-            .await
-            .expect("the client reconnects");
-        // Anything fred still sends from before has arrived by now.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let mut held = Vec::new();
-        for key in KEYS {
-            if locks.is_locked(key).await.expect("is_locked") {
-                held.push(key);
-            }
-        }
-        println!(
-            "{kind:?}: {} of {} keys given up during the outage held after it: {held:?}",
-            held.len(),
-            KEYS.len()
-        );
-        assert!(
-            held.is_empty(),
-            "{kind:?}: attempts given up during the outage were granted after it: {held:?}"
-        );
-        client.quit().await;
+        outage_leaves_no_grants(kind, "standalone", server.port(), false, true).await;
+        let setup = Replicated::start(kind, 1);
+        outage_leaves_no_grants(kind, "replicated", setup.primary.port(), true, true).await;
+        outage_leaves_no_grants(
+            kind,
+            "replicated, no ack",
+            setup.primary.port(),
+            true,
+            false,
+        )
+        .await;
     }
+}
+
+async fn outage_leaves_no_grants(
+    kind: ServerKind,
+    label: &str,
+    port: u16,
+    replicated: bool,
+    acknowledged: bool,
+) {
+    use harness::chaos::proxy::{Mode, Proxy};
+    const KEYS: [&str; 3] = ["k0", "k1", "k2"];
+    let proxy = Proxy::start(port).expect("proxy");
+    let ns = format!("outage-{}", rand::random::<u32>());
+    let client = LockClient::builder()
+        .url(&format!("redis://127.0.0.1:{}", proxy.port()))
+        .replicated(replicated)
+        .connect()
+        .await
+        .expect("connect");
+    let locks: Locks<str> = client
+        .lock_with(
+            LockOptions::new()
+                .namespace(ns.as_str())
+                .lease(Duration::from_secs(20))
+                .replica_acknowledgement(acknowledged),
+        )
+        .expect("options");
+    for key in KEYS {
+        locks
+            .with_lock(key, Duration::from_secs(2), async {})
+            .await
+            .expect("before the outage");
+    }
+
+    proxy.set_mode(Mode::Blackhole);
+    proxy.drop_connections();
+    for key in KEYS {
+        let gave_up = locks
+            .with_lock(key, Duration::from_millis(300), async {})
+            .await;
+        assert!(
+            matches!(gave_up, Err(LockError::TimedOut { .. })),
+            "{kind:?} {label}: {key} during the outage: {gave_up:?}"
+        );
+    }
+    proxy.set_mode(Mode::Normal);
+    locks
+        .with_lock("probe", Duration::from_secs(15), async {})
+        .await
+        .expect("the client reconnects");
+    // Anything fred still sends from before has arrived by now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut held = Vec::new();
+    for key in KEYS {
+        if locks.is_locked(key).await.expect("is_locked") {
+            held.push(key);
+        }
+    }
+    println!(
+        "{kind:?} {label}: {} of {} keys given up during the outage held after it: {held:?}",
+        held.len(),
+        KEYS.len()
+    );
+    assert!(
+        held.is_empty(),
+        "{kind:?} {label}: attempts given up during the outage were granted after it: {held:?}"
+    );
+    client.quit().await;
 }

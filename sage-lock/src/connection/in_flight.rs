@@ -65,8 +65,14 @@ fn abandon(
     let waits = cleanup.is_some();
     runtime.spawn(async move {
         if let Some(cleanup) = cleanup {
-            let release =
-                tokio::time::timeout(RELEASE_TIMEOUT * 2, run_plain(&loan.conn, &cleanup));
+            let release = tokio::time::timeout(
+                RELEASE_TIMEOUT * 2,
+                run_plain(
+                    &loan.conn,
+                    &cleanup,
+                    tokio::time::Instant::now() + RELEASE_TIMEOUT * 2,
+                ),
+            );
             let unblock = async {
                 let Some(id) = loan.client_id() else {
                     return std::future::pending().await;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fred::clients::Client;
-use fred::error::Error;
+use fred::error::{Error, ErrorKind};
 use fred::interfaces::{ClientLike, ClusterInterface};
 use fred::types::Value;
 use fred::types::cluster::ClusterRouting;
@@ -322,7 +322,17 @@ impl Connection {
         let fred = self.fred();
         let limit = deadline.min(deadline_after(self.command_timeout));
         if !self.deployment.is_replicated() {
-            return match tokio::time::timeout_at(limit, run_plain(fred, call)).await {
+            // A never-late call ends by fred's own timeout, at `limit` (see `run_plain`); the
+            // bound here only backs it up.
+            let bound = if call.never_late {
+                limit + NEVER_LATE_BACKUP
+            } else {
+                limit
+            };
+            return match tokio::time::timeout_at(bound, run_plain(fred, call, limit)).await {
+                Ok(Err(error)) if call.never_late && *error.kind() == ErrorKind::Timeout => {
+                    Err(OpError::Failed(self.timeout_error()))
+                }
                 Ok(result) => Ok((result?, Ack::Confirmed, None)),
                 Err(_) => Err(OpError::Failed(self.timeout_error())),
             };
@@ -427,7 +437,7 @@ impl Connection {
         deadline: Instant,
     ) -> Result<Value, OpError> {
         self.ensure_open()?;
-        match tokio::time::timeout_at(deadline, run_plain(self.fred(), call)).await {
+        match tokio::time::timeout_at(deadline, run_plain(self.fred(), call, deadline)).await {
             Ok(result) => Ok(result?),
             Err(_) => Err(OpError::Failed(self.timeout_error())),
         }
@@ -435,15 +445,31 @@ impl Connection {
 }
 
 /// `EVALSHA` on `fred`, `EVAL` after `NOSCRIPT`; after `MOVED` (the script did not run) again
-/// on the slot's new owner (see [`crate::redirect`]).
-async fn run_plain(fred: &Client, call: &ScriptCall<'_>) -> Result<Value, Error> {
+/// on the slot's new owner (see [`crate::redirect`]). The caller bounds it by `deadline`; a
+/// [`never_late`](ScriptCall::never_late) call is also never sent after it.
+async fn run_plain(
+    fred: &Client,
+    call: &ScriptCall<'_>,
+    deadline: Instant,
+) -> Result<Value, Error> {
     let (mut use_source, mut redirections) = (false, 0);
     loop {
         let node = redirect::owner(fred, call.slot);
         let (cmd, args) = call.command(use_source);
+        // fred's own timeout, when it fires, marks the command so that fred never writes it
+        // afterwards (a command the caller merely dropped is still written once reconnected):
+        // it ends the call at `deadline`, before the caller's backup bound.
+        let options = call.never_late.then(|| fred::types::config::Options {
+            timeout: Some(
+                deadline
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1)),
+            ),
+            ..Default::default()
+        });
         // Boxed: fred's command future is ~7 KB; kept inline it would make every future above
         // it (acquire, hold, release) as large, and each move of those a multi-KB copy.
-        let timed = fred.with_options(&CALLER_TIMED);
+        let timed = fred.with_options(options.as_ref().unwrap_or(&CALLER_TIMED));
         match Box::pin(async move { timed.custom::<Value, Value>(cmd, args).await }).await {
             Err(error) if is_noscript(&error) && !use_source => use_source = true,
             Err(error) if redirect::is_redirection(&error) => {
@@ -457,6 +483,10 @@ async fn run_plain(fred: &Client, call: &ScriptCall<'_>) -> Result<Value, Error>
         }
     }
 }
+
+/// How long after its deadline a [`never_late`](ScriptCall::never_late) call is cut short if
+/// fred's own timeout has not ended it (it always should).
+const NEVER_LATE_BACKUP: Duration = Duration::from_millis(20);
 
 /// Per-command options of a command whose caller bounds it with a deadline of its own: no fred
 /// timeout on top (a zero timeout is none), which saves a timer per command.

@@ -254,7 +254,8 @@ async fn acquire_loop(
             rules.wait_call(keys, &held.token, lease_duration, place_ttl(deadline))
         } else {
             rules.acquire_call(keys, &held.token, lease_duration)
-        };
+        }
+        .never_late();
         // Only a replica-acknowledged attempt runs on a connection of its own and needs it.
         let cleanup = (settings.replica_acknowledgement && client.deployment.is_replicated())
             .then(|| rules.release_call(keys, &held.token, held.handoff_lease));
