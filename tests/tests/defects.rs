@@ -886,9 +886,10 @@ async fn a_dropped_client_closes_its_subscriber_connection() {
 /// came back, are not granted once the client reconnects: fred kept them queued and sent them
 /// on the new connection, where they took the free keys for a whole lease with nobody to
 /// release them. The outage is a real TCP proxy that drops the client's connections and then
-/// lets nothing through (the server stays up, its scripts loaded) until it heals. On a
-/// standalone server and on a primary with a replica (attempts on dedicated connections, with
-/// `WAIT`).
+/// lets nothing through (the server stays up, its scripts loaded) until it heals. Three callers
+/// time out, two more are cancelled (their acquisition is dropped, and its cleanup release,
+/// queued behind it, gives up after 1 s). On a standalone server and on a primary with a
+/// replica (attempts on dedicated connections, with `WAIT`, and without).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attempts_given_up_during_an_outage_are_not_granted_after_it() {
     for kind in ServerKind::ALL {
@@ -916,6 +917,7 @@ async fn outage_leaves_no_grants(
 ) {
     use harness::chaos::proxy::{Mode, Proxy};
     const KEYS: [&str; 3] = ["k0", "k1", "k2"];
+    const CANCELLED: [&str; 2] = ["c0", "c1"];
     let proxy = Proxy::start(port).expect("proxy");
     let ns = format!("outage-{}", rand::random::<u32>());
     let client = LockClient::builder()
@@ -950,6 +952,16 @@ async fn outage_leaves_no_grants(
             "{kind:?} {label}: {key} during the outage: {gave_up:?}"
         );
     }
+    for key in CANCELLED {
+        let cancelled = tokio::time::timeout(
+            Duration::from_millis(300),
+            locks.with_lock(key, Duration::from_secs(10), async {}),
+        )
+        .await;
+        assert!(cancelled.is_err(), "{key}: {cancelled:?}");
+    }
+    // Past the cleanup releases' 1 s bound.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     proxy.set_mode(Mode::Normal);
     locks
         .with_lock("probe", Duration::from_secs(15), async {})
@@ -958,7 +970,7 @@ async fn outage_leaves_no_grants(
     // Anything fred still sends from before has arrived by now.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut held = Vec::new();
-    for key in KEYS {
+    for key in KEYS.into_iter().chain(CANCELLED) {
         if locks.is_locked(key).await.expect("is_locked") {
             held.push(key);
         }
@@ -966,7 +978,7 @@ async fn outage_leaves_no_grants(
     println!(
         "{kind:?} {label}: {} of {} keys given up during the outage held after it: {held:?}",
         held.len(),
-        KEYS.len()
+        KEYS.len() + CANCELLED.len()
     );
     assert!(
         held.is_empty(),
