@@ -46,6 +46,7 @@ impl Script {
             keys,
             args,
             never_late: false,
+            source_first: false,
         }
     }
 
@@ -76,6 +77,9 @@ pub(crate) struct ScriptCall<'s> {
     /// Whether the call must not reach the server once its caller's deadline has passed (see
     /// [`ScriptCall::never_late`]).
     pub(crate) never_late: bool,
+    /// Whether the call is sent as `EVAL` with the script's source from the start (see
+    /// [`ScriptCall::with_source`]).
+    pub(crate) source_first: bool,
 }
 
 impl ScriptCall<'_> {
@@ -87,6 +91,16 @@ impl ScriptCall<'_> {
     #[must_use]
     pub(crate) fn never_late(mut self) -> Self {
         self.never_late = true;
+        self
+    }
+
+    /// Sends the script's source (`EVAL`) from the first try instead of its SHA-1: for a
+    /// release that fred may send long after its caller is gone (queued while the connection
+    /// was down, behind the attempt it undoes), when a `NOSCRIPT` reply could no longer be
+    /// answered with the source.
+    #[must_use]
+    pub(crate) fn with_source(mut self) -> Self {
+        self.source_first = true;
         self
     }
 

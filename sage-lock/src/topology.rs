@@ -162,7 +162,7 @@ pub(crate) async fn run_checked(
     wait_until: Option<Instant>,
 ) -> Result<Checked, Error> {
     let slot = call.slot;
-    let mut use_source = false;
+    let mut use_source = call.source_first;
     let (mut rounds, mut redirections) = (0, 0);
     loop {
         rounds += 1;

@@ -452,7 +452,7 @@ async fn run_plain(
     call: &ScriptCall<'_>,
     deadline: Instant,
 ) -> Result<Value, Error> {
-    let (mut use_source, mut redirections) = (false, 0);
+    let (mut use_source, mut redirections) = (call.source_first, 0);
     loop {
         let node = redirect::owner(fred, call.slot);
         let (cmd, args) = call.command(use_source);

@@ -142,6 +142,7 @@ impl Held {
             self.keep_for(),
             self.granted_by.as_ref(),
             self.uncontended,
+            false,
         )
         .await;
         self.armed = false;
@@ -162,6 +163,7 @@ impl Held {
             None,
             self.granted_by.as_ref(),
             false,
+            true,
         )
         .await;
         self.armed = false;
@@ -188,6 +190,7 @@ impl Held {
                 self.handoff_lease,
                 None,
                 self.granted_by.as_ref(),
+                false,
                 false,
             )
             .await;
@@ -288,6 +291,7 @@ async fn release_now(
     keep_for: Option<Duration>,
     granted_by: Option<&Server>,
     plain: bool,
+    unanswered: bool,
 ) {
     let _releasing = engine.releases.start();
     // One bound for the whole release, the quick attempt and the script together.
@@ -310,6 +314,10 @@ async fn release_now(
         Some(keep_for) => rules.shorten_call(keys, token, keep_for),
         None => rules.release_call(keys, token, handoff_lease),
     };
+    // Undoing an attempt that got no answer: fred may still hold that attempt, and this
+    // release behind it, until it reconnects, and send both then, with nobody left to answer
+    // a `NOSCRIPT`.
+    let call = if unanswered { call.with_source() } else { call };
     // No grant this release makes is older than this (real clock).
     let sent = std::time::Instant::now();
     let outcome = engine
@@ -371,6 +379,8 @@ fn release_in_background(held: &Held) {
         held.keep_for(),
         held.uncontended,
     );
+    // Never granted (fencing tokens start at 1): the acquisition was cut short unanswered.
+    let unanswered = held.lease.fencing_token() == 0;
     let handoff_lease = held.handoff_lease;
     let granted_by = held.granted_by.clone();
     // Counted from now, not from when the task first runs: a `quit` right after the
@@ -388,6 +398,7 @@ fn release_in_background(held: &Held) {
             keep_for,
             granted_by.as_ref(),
             plain,
+            unanswered,
         )
         .await;
     });
