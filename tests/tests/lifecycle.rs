@@ -481,3 +481,132 @@ fn a_runtime_shut_down_mid_reconnection_leaves_later_failovers_handled() {
         });
     }
 }
+
+/// Runs `call` to completion on another executor (`futures`' `block_on`, no Tokio runtime on
+/// this thread) and asserts that it returned sage-lock's error naming the missing Tokio runtime,
+/// not that it panicked.
+fn fails_outside_tokio<T: std::fmt::Debug>(
+    name: &str,
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, LockError>>,
+) {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        futures::executor::block_on(call)
+    }));
+    match outcome {
+        Ok(Err(error @ LockError::Backend { .. }))
+            if error.to_string().contains("Tokio runtime") =>
+        {
+            println!("{name}: {what} outside a runtime: {error}");
+        }
+        Ok(other) => panic!("{name}: {what} outside a Tokio runtime returned {other:?}"),
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(ToString::to_string)
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            panic!("{name}: {what} outside a Tokio runtime panicked: {message}");
+        }
+    }
+}
+
+#[sage_lock::locked(key = "macro:{id}", wait = "1s", namespace = "no-runtime", client = client)]
+async fn locked_outside(client: &LockClient, id: u32) -> Result<u32, LockError> {
+    Ok(id)
+}
+
+/// Every call made outside a Tokio runtime (another executor's `block_on`, a plain thread) is a
+/// `Backend` error saying that sage-lock runs on Tokio and how to call it, instead of Tokio's
+/// panic ("there is no reactor running, must be called from the context of a Tokio 1.x
+/// runtime"): connecting, each primitive's waiting and trying calls, several keys at once, a
+/// `#[locked]` fn, the operator tools and a dedicated connection. The client keeps working in
+/// its runtime afterwards; `quit()` outside a runtime closes its connections, and later calls
+/// fail naming quit.
+#[test]
+fn calls_outside_a_tokio_runtime_are_errors_not_panics() {
+    for kind in ServerKind::ALL {
+        let name = kind.name();
+        let server = Server::start(kind);
+        let baseline = connected_clients(server.port());
+        let runtime = harness::multi_thread_runtime();
+        let client = runtime
+            .block_on(LockClient::connect(&server.url()))
+            .expect("connect");
+        let ns = "no-runtime";
+        let locks: Locks<str> = client
+            .lock_with(options(ns, Duration::from_secs(5)))
+            .expect("opts");
+        let rw = client
+            .rw_lock_with::<str>(options(ns, Duration::from_secs(5)))
+            .expect("opts");
+        let slots = client
+            .semaphore_with::<str>(2, options(ns, Duration::from_secs(5)))
+            .expect("opts");
+        let wait = Duration::from_secs(1);
+        fails_outside_tokio(name, "connect", LockClient::connect(&server.url()));
+        fails_outside_tokio(name, "with_lock", locks.with_lock("k", wait, async {}));
+        fails_outside_tokio(name, "try_with_lock", locks.try_with_lock("k", async {}));
+        fails_outside_tokio(
+            name,
+            "with_locks",
+            locks.with_locks(&["a", "b"], wait, async {}),
+        );
+        fails_outside_tokio(
+            name,
+            "try_with_locks",
+            locks.try_with_locks(&["a", "b"], async {}),
+        );
+        fails_outside_tokio(name, "read", rw.read("k", wait, async {}));
+        fails_outside_tokio(name, "try_write", rw.try_write("k", async {}));
+        fails_outside_tokio(
+            name,
+            "semaphore acquire",
+            slots.acquire("k", wait, async {}),
+        );
+        fails_outside_tokio(name, "try_acquire", slots.try_acquire("k", async {}));
+        fails_outside_tokio(name, "#[locked]", locked_outside(&client, 7));
+        fails_outside_tokio(name, "is_locked", locks.is_locked("k"));
+        fails_outside_tokio(name, "holder", locks.holder("k"));
+        fails_outside_tokio(name, "force_unlock", locks.force_unlock("k"));
+        fails_outside_tokio(name, "scan", locks.scan());
+        fails_outside_tokio(
+            name,
+            "dedicated_connection",
+            client.dedicated_connection(wait),
+        );
+        runtime.block_on(async {
+            let ran = locks
+                .with_lock("k", Duration::from_secs(3), async { true })
+                .await
+                .unwrap_or_else(|e| panic!("{name}: inside the runtime afterwards: {e}"));
+            assert!(ran, "{name}: the body did not run");
+        });
+        let quit = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            futures::executor::block_on(client.quit());
+        }));
+        assert!(
+            quit.is_ok(),
+            "{name}: quit() outside a Tokio runtime panicked"
+        );
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let mut left = connected_clients(server.port());
+        while left > baseline && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            left = connected_clients(server.port());
+        }
+        assert!(
+            left <= baseline,
+            "{name}: {left} connections open after quit() outside a runtime (baseline {baseline})"
+        );
+        runtime.block_on(async {
+            let started = Instant::now();
+            let after = locks.with_lock("k", Duration::from_secs(3), async {}).await;
+            assert_closed(
+                "with_lock after quit() outside a runtime",
+                after,
+                started.elapsed(),
+            );
+        });
+    }
+}
