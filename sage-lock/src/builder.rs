@@ -443,6 +443,8 @@ impl LockClientBuilder {
             deployment = Deployment::Replicated;
         }
         let target = describe(&config);
+        crate::runtime::ensure()
+            .map_err(|e| LockError::backend(format!("could not connect to {target}"), e))?;
         let uses_tls = config.tls.is_some();
         let database = config.database;
         let fred = build_fred(

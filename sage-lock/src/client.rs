@@ -216,6 +216,7 @@ impl LockClient {
         &self,
         timeout: Duration,
     ) -> Result<DedicatedConnection, LockError> {
+        crate::runtime::ensure().map_err(|e| LockError::backend("no dedicated connection", e))?;
         let pool = &self.inner.conn.pool;
         match pool.take(deadline_after(timeout)).await {
             Ok(loan) => Ok(DedicatedConnection::new(loan)),
@@ -249,7 +250,14 @@ impl LockClient {
     /// its lock until the usable lease runs out, then fails with [`LockError::LockLost`] (its
     /// release fails too); the server lets the lock expire with its lease. Quit after the bodies
     /// finished to release their locks at once.
+    ///
+    /// Called outside a Tokio runtime, it closes the client on a runtime of its own, blocking
+    /// the calling thread until done (a second at most per connection).
     pub async fn quit(&self) {
+        if !crate::runtime::is_current() {
+            self.quit_without_runtime();
+            return;
+        }
         // A shutdown that cancels its holders and then quits: their releases, started in the
         // background, reach the server before the connections close.
         let releases = tokio::time::Instant::now() + crate::connection::RELEASE_TIMEOUT;
@@ -261,5 +269,22 @@ impl LockClient {
         self.inner.waiters.wake_all();
         self.inner.notifier.close().await;
         self.inner.conn.quit_shared().await;
+    }
+
+    /// [`LockClient::quit`] outside a Tokio runtime: on a current-thread runtime made for it
+    /// (fred's connection tasks run on their own runtime; only `quit`'s timers run on this one).
+    #[cold]
+    fn quit_without_runtime(&self) {
+        match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime.block_on(self.quit()),
+            Err(error) => tracing::warn!(
+                %error,
+                "quit() outside a Tokio runtime could not start one: the client stays open \
+                 (its connections close when its last clone is dropped)"
+            ),
+        }
     }
 }

@@ -118,6 +118,7 @@ mod renewal;
 mod replicas;
 mod resident;
 mod retry;
+mod runtime;
 mod scripts;
 mod sentinel;
 mod tls;

@@ -234,12 +234,13 @@ impl Connection {
         self.closed.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// [`closed_error`] once the client is closed.
+    /// [`closed_error`] once the client is closed, [`crate::runtime::missing`] outside a Tokio
+    /// runtime.
     pub(crate) fn ensure_open(&self) -> Result<(), Error> {
         if self.is_closed() {
             Err(closed_error())
         } else {
-            Ok(())
+            crate::runtime::ensure()
         }
     }
 

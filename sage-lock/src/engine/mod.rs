@@ -207,6 +207,9 @@ pub(crate) async fn run<F: Future>(
     mode: Mode,
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
+    if !crate::runtime::is_current() {
+        return Err(outside_runtime(keys.display(), &settings.namespace));
+    }
     let span =
         tracing::debug_span!("sage_lock", key = %keys.display(), namespace = %settings.namespace);
     if settings.reentrant
@@ -223,6 +226,14 @@ pub(crate) async fn run<F: Future>(
     };
     // Boxed, so the caller's future stays small whatever the body.
     Box::pin(hold(held, &settings, body, span)).await.map(Some)
+}
+
+/// The error of a lock call made outside a Tokio runtime (see [`crate::runtime`]).
+pub(crate) fn outside_runtime(key: &str, namespace: &str) -> LockError {
+    LockError::backend(
+        format!("acquiring lock {key} in namespace {namespace:?}"),
+        crate::runtime::missing(),
+    )
 }
 
 /// [`run`] in [`Mode::Wait`], for the primitives' waiting calls: a zero `wait` is
