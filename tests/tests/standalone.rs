@@ -882,6 +882,69 @@ async fn uncontended_releases_announce_nothing() {
     }
 }
 
+/// A wait that runs out while the server stops answering (SIGSTOP) ends at its deadline: the
+/// release that undoes its last, unanswered attempt (which the server may still grant) goes on
+/// in the background instead of holding the caller up to `RELEASE_TIMEOUT` past its wait; and
+/// once the server answers again, that release frees the key. Both `with_lock` (800 ms wait)
+/// and `try_with_lock` (its 1 s window for transient failures).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_on_a_stalled_server_ends_at_its_deadline() {
+    /// What the caller may wait past its deadline: fred's timer, the scheduler.
+    const LATE: Duration = Duration::from_millis(300);
+    for kind in ServerKind::ALL {
+        let name = kind.name();
+        let server = Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("stalled-wait"))
+            .expect("opts");
+        locks
+            .with_lock("warm", Duration::from_secs(1), async {})
+            .await
+            .expect("warm");
+        let wait = Duration::from_millis(800);
+        for (what, key, limit) in [
+            ("with_lock", "waited", wait),
+            ("try_with_lock", "tried", sage_lock::TRY_LOCK_RETRY_WINDOW),
+        ] {
+            server.pause();
+            let started = Instant::now();
+            let result = if what == "with_lock" {
+                locks.with_lock(key, wait, async {}).await.map(Some)
+            } else {
+                locks.try_with_lock(key, async {}).await
+            };
+            let took = started.elapsed();
+            server.resume();
+            println!("{name}: {what} on a stalled server -> {result:?} after {took:?}");
+            assert!(
+                matches!(
+                    result,
+                    Err(LockError::TimedOut {
+                        reason: TimeoutReason::Unavailable(_),
+                        ..
+                    })
+                ),
+                "{name}: {what}: {result:?}"
+            );
+            assert!(
+                took < limit + LATE,
+                "{name}: {what} returned {took:?} after the call ({limit:?} to wait)"
+            );
+            // The attempt the server took late is undone by the release sent after it.
+            let freed = Instant::now() + Duration::from_secs(3);
+            while locks.is_locked(key).await.expect("is_locked") {
+                assert!(
+                    Instant::now() < freed,
+                    "{name}: {what}: the key stayed held after the server answered again"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        client.quit().await;
+    }
+}
+
 /// README, Semantics: "Release: compare-and-delete, bounded to 1 s." A server that stops
 /// answering as the body ends (SIGSTOP) does not hold `with_lock` up for the command timeout
 /// (5 s by default): the body's value comes back about a second later, and the lease expires on
