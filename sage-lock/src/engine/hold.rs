@@ -169,6 +169,17 @@ impl Held {
         self.armed = false;
     }
 
+    /// [`Held::abandon`] for an acquisition whose wait ran out: the release goes on in the
+    /// background (counted for `quit`), and this waits for it at most [`ABANDON_WAIT`], so a
+    /// server that stopped answering does not hold the caller past its wait.
+    pub(crate) async fn abandon_in_background(mut self) {
+        let undo = release_in_background(&self);
+        self.armed = false;
+        if let Some(undo) = undo {
+            let _ = tokio::time::timeout(ABANDON_WAIT, undo).await;
+        }
+    }
+
     /// Records a loss, makes a best-effort release, and builds the error.
     pub(crate) async fn lost(mut self, reason: LossReason) -> LockError {
         self.stop_renewal();
@@ -219,7 +230,7 @@ impl Drop for Held {
     fn drop(&mut self) {
         self.stop_renewal();
         if self.armed {
-            release_in_background(self);
+            drop(release_in_background(self));
         }
     }
 }
@@ -366,9 +377,14 @@ async fn release_now(
     }
 }
 
-fn release_in_background(held: &Held) {
+/// How long an acquisition whose wait ran out waits for the release undoing its last attempt
+/// (one round trip on a healthy server) before it returns and leaves that release to the
+/// background.
+const ABANDON_WAIT: Duration = Duration::from_millis(20);
+
+fn release_in_background(held: &Held) -> Option<tokio::task::JoinHandle<()>> {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
+        return None;
     };
     let (engine, rules, keys, token, metrics, keep_for, plain) = (
         Arc::clone(&held.engine),
@@ -386,7 +402,7 @@ fn release_in_background(held: &Held) {
     // Counted from now, not from when the task first runs: a `quit` right after the
     // cancellation waits for it.
     let releasing = engine.releases.start();
-    runtime.spawn(async move {
+    Some(runtime.spawn(async move {
         let _releasing = releasing;
         release_now(
             &engine,
@@ -401,7 +417,7 @@ fn release_in_background(held: &Held) {
             unanswered,
         )
         .await;
-    });
+    }))
 }
 
 #[cfg(test)]

@@ -132,10 +132,12 @@ pub(crate) async fn acquire(
         }
         Ok(None) => Ok(None),
         Err(Stop::TimedOut(reason)) => {
+            // The error is built first: `waited` is the wait, not the undoing.
+            let error = timed_out(reason);
             if held.armed {
-                held.abandon().await;
+                held.abandon_in_background().await;
             }
-            Err(timed_out(reason))
+            Err(error)
         }
         Err(Stop::Lost(reason)) => Err(held.lost(reason).await),
         Err(Stop::Failed(error)) => {

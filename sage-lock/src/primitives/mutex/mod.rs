@@ -81,7 +81,8 @@ impl<K: ?Sized> Locks<K> {
     /// # Errors
     /// - [`LockError::InvalidArgument`]: `wait_timeout` is zero.
     /// - [`LockError::TimedOut`]: not acquired within `wait_timeout` (which covers replies, retry
-    ///   delays and replica acknowledgement, not the body); cleanup may add up to a second.
+    ///   delays and replica acknowledgement, not the body). It returns at most about 20 ms past
+    ///   the wait, also when the server stopped answering.
     /// - [`LockError::LockLost`]: the lease was lost; the body future was dropped.
     /// - [`LockError::Backend`]: a non-transient server or connection error.
     ///
