@@ -85,9 +85,9 @@
 #![warn(missing_docs)]
 
 // Layers, bottom to top (each module imports only from layers below it):
-//   utilities:   error, key, lease, observe, retry, scripts, replicas, redirect, topology, url,
-//                duration, options, profile (named options: data, environment overrides, the
-//                installed set)
+//   utilities:   error, key, lease, observe, retry, runtime (the Tokio runtime check), scripts,
+//                replicas, redirect, topology, url, duration, options, profile (named options:
+//                data, environment overrides, the installed set)
 //   connection:  pool, sentinel (replica count per Sentinel), connection (shared client,
 //                dedicated pool, checked script runs)
 //   engine:      renewal, engine (acquire → hold → release, generic over a primitive's Rules)

@@ -49,15 +49,15 @@ pub(crate) async fn run_all<F: Future>(
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
     let keys: usize = units.iter().map(|unit| unit.parts.len()).sum();
+    let key = units
+        .get(report)
+        .map_or("", |unit| unit.keys.display().as_ref());
     if !crate::runtime::is_current() {
-        let key = units
-            .get(report)
-            .map_or("", |unit| unit.keys.display().as_ref());
         return Err(super::outside_runtime(key, &settings.namespace));
     }
     let span = tracing::debug_span!(
         "sage_lock",
-        key = %units.get(report).map_or("", |unit| unit.keys.display().as_ref()),
+        key = %key,
         keys,
         namespace = %settings.namespace
     );
