@@ -7,7 +7,8 @@ use fred::clients::Client;
 use fred::interfaces::ClientLike;
 use fred::types::Value;
 
-use super::{RELEASE_TIMEOUT, run_plain};
+use super::RELEASE_TIMEOUT;
+use super::run::run_plain;
 use crate::pool::Loan;
 use crate::scripts::ScriptCall;
 

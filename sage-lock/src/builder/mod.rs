@@ -9,7 +9,6 @@ use fred::clients::Client;
 use fred::error::Error;
 use fred::interfaces::ClientLike;
 use fred::types::config::{Config, ReconnectPolicy};
-use fred::types::{Builder, ConnectHandle};
 
 use crate::client::LockClient;
 use crate::connection::Startup;
@@ -17,6 +16,10 @@ use crate::error::LockError;
 use crate::tls;
 use crate::topology::Deployment;
 use crate::url::{describe, parse_url, redact};
+
+mod fred_settings;
+
+use fred_settings::{build_fred, first_connection};
 
 /// Default size of the dedicated connection pool; change it with
 /// [`LockClientBuilder::max_connections`] (see [`LockClientBuilder`]'s example).
@@ -27,6 +30,7 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default most leases renewed by one script call; change it with
 /// [`LockClientBuilder::renewal_batch_limit`].
 pub const DEFAULT_RENEWAL_BATCH_LIMIT: usize = 256;
+
 impl LockClient {
     /// Connects to the deployment `url` names (fred's URL syntax):
     ///
@@ -84,7 +88,9 @@ impl LockClient {
             client.client_config(),
             client.connection_config().clone(),
             client.perf_config(),
-            &settings,
+            settings.connect_timeout,
+            settings.command_timeout,
+            &settings.reconnect,
         );
         let Ok(fred) = rebuilt else {
             tracing::warn!("could not rebuild the fred client; using it as configured");
@@ -110,32 +116,6 @@ impl LockClient {
             settings.command_timeout,
             settings.renewal_batch_limit,
         )
-    }
-}
-
-/// The outcome of `fred`'s first connection, whose task is `task`: connected, or the error that
-/// ended the task (fred fails fast on a first connection).
-async fn first_connection(fred: &Client, task: &mut ConnectHandle) -> Result<(), Error> {
-    let connected = async {
-        // The state is polled too: `wait_for_connect` subscribes after `connect` spawned the
-        // task, so it can miss a notification sent in between.
-        let polled = async {
-            while !fred.is_connected() {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        };
-        tokio::select! {
-            outcome = fred.wait_for_connect() => outcome,
-            () = polled => Ok(()),
-        }
-    };
-    tokio::select! {
-        outcome = connected => outcome,
-        ended = task => Err(match ended {
-            Ok(Err(error)) => error,
-            Ok(Ok(())) => Error::new(fred::error::ErrorKind::Canceled, "the connection closed"),
-            Err(join) => Error::new(fred::error::ErrorKind::Unknown, join.to_string()),
-        }),
     }
 }
 
@@ -451,7 +431,9 @@ impl LockClientBuilder {
             config,
             fred::types::config::ConnectionConfig::default(),
             fred::types::config::PerformanceConfig::default(),
-            &self,
+            self.connect_timeout,
+            self.command_timeout,
+            &self.reconnect,
         )
         .map_err(|e| LockError::backend(format!("could not configure a client for {target}"), e))?;
         let mut task = fred.connect();
@@ -499,45 +481,4 @@ impl LockClientBuilder {
             self.renewal_batch_limit,
         ))
     }
-}
-
-/// A fred client for `config` with the settings lock safety relies on (see
-/// [`LockClient::from_fred`]); `connection` and `perf` supply everything else.
-fn build_fred(
-    mut config: Config,
-    mut connection: fred::types::config::ConnectionConfig,
-    mut perf: fred::types::config::PerformanceConfig,
-    settings: &LockClientBuilder,
-) -> Result<Client, Error> {
-    // The lock layer owns retries: fred must never re-send a command on its own, nor follow a
-    // cluster redirection (it would split a script from its ROLE/WAIT checks; see redirect.rs).
-    connection.max_command_attempts = 1;
-    connection.max_redirections = 0;
-    connection.connection_timeout = settings.connect_timeout;
-    // Unnamed: the name would be this client's random fred id, and `CLIENT SETNAME` in every
-    // handshake is a command the documented ACL rule does not grant (no connection at all).
-    connection.auto_client_setname = false;
-    connection.internal_command_timeout = settings.command_timeout;
-    // A demoted primary answers READONLY without dropping the connection: reconnect (through
-    // Sentinel, to the new primary) instead of failing writes until then.
-    for error in [
-        fred::types::config::ReconnectError::MasterDown,
-        fred::types::config::ReconnectError::ReadOnly,
-    ] {
-        if !connection.reconnect_errors.contains(&error) {
-            connection.reconnect_errors.push(error);
-        }
-    }
-    perf.default_command_timeout = settings.command_timeout;
-    // A first connection that fails ends at once, with its cause: `connect` bounds it by its own
-    // deadline and names that cause, and a client whose first connection ended is connected
-    // again on its next use. Retried by fred instead, a wrong password waited out the deadline
-    // and was reported as an unreachable server.
-    config.fail_fast = true;
-    let mut builder = Builder::from_config(config);
-    builder
-        .set_policy(settings.reconnect.clone())
-        .set_connection_config(connection)
-        .set_performance_config(perf);
-    builder.build()
 }

@@ -1,0 +1,183 @@
+//! Unit tests of [`crate::notify`].
+
+use super::listener::deliver_message;
+use super::*;
+
+#[test]
+fn watches_are_counted_and_unsubscribed_channels_forgotten() {
+    let notifier = Notifier::new(Client::default());
+    let a = notifier.watch(b"{l:a}", Bytes::from_static(b"t1"));
+    let b = notifier.watch(b"{l:a}", Bytes::from_static(b"t2"));
+    assert_eq!(notifier.tracked(), 1);
+    drop(a);
+    assert_eq!(notifier.tracked(), 1);
+    drop(b);
+    assert_eq!(notifier.tracked(), 0);
+}
+
+#[tokio::test]
+async fn only_the_named_token_is_woken() {
+    let notifier = Notifier::new(Client::default());
+    let watch = notifier.watch(b"{l:a}", Bytes::from_static(b"mine"));
+    deliver(&notifier.shared, b"{l:a}:released", b"theirs", None);
+    let woken = tokio::time::timeout(Duration::from_millis(20), watch.notified()).await;
+    assert!(woken.is_err(), "woken by another waiter's notification");
+    notifier.wake_local(b"{l:a}", b"mine", None);
+    let woken = tokio::time::timeout(Duration::from_millis(200), watch.notified()).await;
+    assert!(woken.is_ok());
+    // The message for the same release is a duplicate: no second wake-up.
+    deliver_message(&notifier.shared, b"{l:a}:released", &"mine".into());
+    let again = tokio::time::timeout(Duration::from_millis(20), watch.notified()).await;
+    assert!(again.is_err(), "woken twice for one release");
+}
+
+/// A release's reply and its message are one release: the second wakes nobody. A later
+/// release that names the same waiter again (with a new grant: it could not use the first,
+/// and queued again) wakes it again, and hands it the new grant.
+#[tokio::test]
+async fn a_second_release_naming_the_same_waiter_wakes_it_again() {
+    let notifier = Notifier::new(Client::default());
+    let watch = notifier.watch(b"{l:a}", Bytes::from_static(b"w"));
+    let first =
+        Grant::new(4, Some(std::time::Instant::now())).with_lease(Duration::from_millis(200));
+    notifier.wake_local(b"{l:a}", b"w", Some(first));
+    let woken = tokio::time::timeout(Duration::from_millis(200), watch.notified()).await;
+    assert!(woken.is_ok(), "not woken by its own process's release");
+    assert_eq!(watch.take_grant(), Some(first));
+    deliver_message(&notifier.shared, b"{l:a}:released", &"w:4:200".into());
+    let twin = tokio::time::timeout(Duration::from_millis(20), watch.notified()).await;
+    assert!(twin.is_err(), "woken twice for one release");
+    assert_eq!(watch.take_grant(), None, "one release's grant handed twice");
+    deliver_message(&notifier.shared, b"{l:a}:released", &"w:6:2000".into());
+    let again = tokio::time::timeout(Duration::from_millis(200), watch.notified()).await;
+    assert!(again.is_ok(), "a later release naming it again was skipped");
+    assert_eq!(
+        watch.take_grant(),
+        Some(Grant::new(6, None).with_lease(Duration::from_millis(2000)))
+    );
+    // The same when the message comes before the reply: the reply is then the twin.
+    deliver_message(&notifier.shared, b"{l:a}:released", &"w:8:200".into());
+    let woken = tokio::time::timeout(Duration::from_millis(200), watch.notified()).await;
+    assert!(woken.is_ok(), "not woken by the message");
+    notifier.wake_local(
+        b"{l:a}",
+        b"w",
+        Some(Grant::new(8, Some(std::time::Instant::now())).with_lease(Duration::from_millis(200))),
+    );
+    let twin = tokio::time::timeout(Duration::from_millis(20), watch.notified()).await;
+    assert!(twin.is_err(), "woken twice for one release");
+}
+
+/// Two local waiters of one key (a single-key waiter and a caller of several keys) each get
+/// their own messages: the later watch does not take the earlier one's place.
+#[tokio::test]
+async fn two_waiters_of_one_channel_are_woken_each_by_name() {
+    let notifier = Notifier::new(Client::default());
+    let single = notifier.watch(b"{l:a}", Bytes::from_static(b"one"));
+    let several = notifier.watch(b"{l:a}", Bytes::from_static(b"two"));
+    deliver_message(&notifier.shared, b"{l:a}:released", &"one:3:100".into());
+    let woken = tokio::time::timeout(Duration::from_millis(200), single.notified()).await;
+    assert!(woken.is_ok(), "the earlier watch lost its message");
+    assert_eq!(
+        single.take_grant(),
+        Some(Grant::new(3, None).with_lease(Duration::from_millis(100)))
+    );
+    assert_eq!(several.take_grant(), None, "another waiter's grant");
+    deliver_message(&notifier.shared, b"{l:a}:released", &"two".into());
+    let woken = tokio::time::timeout(Duration::from_millis(200), several.notified()).await;
+    assert!(woken.is_ok(), "the later watch was not woken");
+    let other = tokio::time::timeout(Duration::from_millis(20), single.notified()).await;
+    assert!(other.is_err(), "woken by the other waiter's message");
+}
+
+/// A release of a primitive without a queue names nobody: its empty message wakes the
+/// channel's waiter, every time (no duplicate suppression), and grants nothing.
+#[tokio::test]
+async fn an_empty_message_wakes_the_channels_waiter() {
+    let notifier = Notifier::new(Client::default());
+    let watch = notifier.watch(b"{l:a}:w}", Bytes::from_static(b"mine"));
+    for _ in 0..2 {
+        deliver_message(&notifier.shared, b"{l:a}:w}:released", &"".into());
+        let woken = tokio::time::timeout(Duration::from_millis(200), watch.notified()).await;
+        assert!(woken.is_ok(), "not woken by an announced release");
+        assert_eq!(watch.take_grant(), None);
+    }
+    deliver_message(&notifier.shared, b"{l:a}:released", &"".into());
+    let other = tokio::time::timeout(Duration::from_millis(20), watch.notified()).await;
+    assert!(other.is_err(), "woken by another channel's release");
+}
+
+#[tokio::test]
+async fn a_message_just_before_the_watch_is_not_lost() {
+    let notifier = Notifier::new(Client::default());
+    let early = notifier.watch(b"{l:a}", Bytes::from_static(b"first"));
+    deliver(
+        &notifier.shared,
+        b"{l:a}:released",
+        b"late",
+        Some(Grant::new(9, None)),
+    );
+    let watch = notifier.watch(b"{l:a}", Bytes::from_static(b"late"));
+    let woken = tokio::time::timeout(Duration::from_millis(200), watch.notified()).await;
+    assert!(woken.is_ok(), "the early message was lost");
+    assert_eq!(watch.take_grant(), Some(Grant::new(9, None)));
+    assert_eq!(watch.take_grant(), None, "a grant is taken once");
+    assert_eq!(early.take_grant(), None, "another waiter's grant");
+    drop(early);
+}
+
+#[tokio::test]
+async fn a_message_hands_its_grant_to_the_named_waiter_only() {
+    let notifier = Notifier::new(Client::default());
+    let watch = notifier.watch(b"{l:a}", Bytes::from_static(b"abc"));
+    deliver_message(&notifier.shared, b"{l:a}:released", &"xyz:4".into());
+    assert_eq!(watch.take_grant(), None);
+    deliver_message(&notifier.shared, b"{l:a}:released", &"abc:5".into());
+    let woken = tokio::time::timeout(Duration::from_millis(200), watch.notified()).await;
+    assert!(woken.is_ok());
+    assert_eq!(watch.take_grant(), Some(Grant::new(5, None)));
+}
+
+/// A subscriber connection that cannot complete before the waiter's deadline (a server
+/// that accepts and never answers, as a paused one does) is closed, not left to connect in
+/// the background.
+#[tokio::test]
+async fn a_subscriber_cut_short_by_the_deadline_leaves_no_connection() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback listener");
+    let port = listener.local_addr().expect("listener address").port();
+    let config =
+        fred::types::config::Config::from_url(&format!("redis://127.0.0.1:{port}")).expect("url");
+    let template = fred::types::Builder::from_config(config)
+        .build()
+        .expect("client");
+    let notifier = Notifier::new(template);
+    let (accepted, subscriber) = tokio::join!(
+        tokio::time::timeout(Duration::from_secs(5), listener.accept()),
+        notifier.subscriber(Instant::now() + Duration::from_millis(300)),
+    );
+    assert!(subscriber.is_none(), "no server answered, yet a subscriber");
+    let (socket, _) = accepted
+        .expect("the subscriber connected within 5 s")
+        .expect("accept");
+    // fred waits 10 s for its PING reply; the abandoned connection must close well before.
+    let mut buf = [0u8; 256];
+    let closed = tokio::time::timeout(Duration::from_secs(3), async {
+        loop {
+            if socket.readable().await.is_err() {
+                return;
+            }
+            match socket.try_read(&mut buf) {
+                Ok(0) => return,
+                Err(error) if error.kind() != std::io::ErrorKind::WouldBlock => return,
+                _ => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the abandoned subscriber connection is still open"
+    );
+}
