@@ -8,6 +8,7 @@
 // Doctests (the README's snippets too) warn about nothing but unused items.
 #![doc(test(attr(deny(warnings), allow(unused))))]
 
+pub mod existing_url;
 pub mod floor;
 pub mod multiprocess;
 
@@ -171,20 +172,48 @@ impl Owned {
 }
 
 impl ThrowawayServer {
-    /// Uses `SAGE_LOCK_URL` when set; otherwise starts the server kind chosen by `--valkey` /
-    /// `SAGE_LOCK_SERVER` (see [`ServerKind::from_env_and_args`]).
+    /// Uses `SAGE_LOCK_URL` when set and something answers at its address; otherwise starts
+    /// the server kind chosen by `--valkey` / `SAGE_LOCK_SERVER` (see
+    /// [`ServerKind::from_env_and_args`]), saying on stderr when `SAGE_LOCK_URL` was not
+    /// reachable.
     ///
     /// # Errors
     /// When no binary is found or the server does not come up.
     pub fn start() -> anyhow::Result<ThrowawayServer> {
-        if let Some(url) = std::env::var(URL_VARIABLE).ok().filter(|u| !u.is_empty()) {
-            return Ok(ThrowawayServer {
-                description: format!("existing server {url} (from {URL_VARIABLE})"),
+        let url = std::env::var(URL_VARIABLE).ok().filter(|u| !u.is_empty());
+        ThrowawayServer::existing_or_start(url, ServerKind::from_env_and_args())
+    }
+
+    /// The server at `url` when something answers there (see [`existing_url::probe`]);
+    /// otherwise a private server of `kind`, started here.
+    ///
+    /// # Errors
+    /// When no binary is found or the server does not come up.
+    pub fn existing_or_start(
+        url: Option<String>,
+        kind: ServerKind,
+    ) -> anyhow::Result<ThrowawayServer> {
+        let Some(url) = url else {
+            return ThrowawayServer::start_kind(kind);
+        };
+        let shown = existing_url::redact(&url);
+        match existing_url::probe(&url) {
+            Ok(()) => Ok(ThrowawayServer {
+                description: format!("existing server {shown} (from {URL_VARIABLE})"),
                 url,
                 owned: None,
-            });
+            }),
+            Err(why) => {
+                eprintln!(
+                    "warning: {URL_VARIABLE}={shown} is not reachable ({why}); starting a \
+                     throwaway server instead (start that server, or unset {URL_VARIABLE})"
+                );
+                let mut server = ThrowawayServer::start_kind(kind)?;
+                server.description =
+                    format!("{} ({URL_VARIABLE} was not reachable)", server.description);
+                Ok(server)
+            }
         }
-        ThrowawayServer::start_kind(ServerKind::from_env_and_args())
     }
 
     /// Starts a private server of `kind` (ignores `SAGE_LOCK_URL`).
@@ -479,6 +508,42 @@ pub fn report(error: &anyhow::Error) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::{ServerKind, ThrowawayServer};
+
+    #[test]
+    fn an_unreachable_existing_url_gets_a_throwaway_server_instead() {
+        let dead_port = super::free_port().expect("a free port");
+        let dead = format!("redis://127.0.0.1:{dead_port}");
+        let server = ThrowawayServer::existing_or_start(Some(dead.clone()), ServerKind::Redis)
+            .expect("a throwaway server");
+        assert!(server.is_private(), "{}", server.description());
+        assert_ne!(server.url(), dead);
+        assert!(
+            server.description().contains("was not reachable"),
+            "{}",
+            server.description()
+        );
+        let port: u16 = server
+            .url()
+            .rsplit(':')
+            .next()
+            .and_then(|port| port.parse().ok())
+            .expect("a port in the URL");
+        super::ping((std::net::Ipv4Addr::LOCALHOST, port).into()).expect("it answers PING");
+        // A reachable URL is used as it is, and its credentials are not printed.
+        let with_password = format!("redis://user:secret@127.0.0.1:{port}");
+        let existing =
+            ThrowawayServer::existing_or_start(Some(with_password.clone()), ServerKind::Redis)
+                .expect("the existing server");
+        assert!(!existing.is_private());
+        assert_eq!(existing.url(), with_password);
+        assert!(
+            !existing.description().contains("secret"),
+            "{}",
+            existing.description()
+        );
+    }
+
     #[test]
     fn report_quotes_each_cause_once() {
         let quoted = anyhow::Error::new(std::io::Error::other("refused"))
