@@ -1093,3 +1093,120 @@ fn from_fred_outside_a_runtime_connects_on_first_use() {
         println!("{name}: from_fred outside a runtime: every first call answered in time");
     }
 }
+
+/// A `Lease` that outlives its hold (cloned into a spawned task, sent out of the body) reports
+/// the hold's end: after a release, a cancellation, a loss, and for `with_locks`, `is_valid()`
+/// is false and `remaining()` zero. It went on counting down the lease as if still held. And
+/// `LockLost::held` is how long the lock was held, not that plus the failed release that
+/// follows the loss (a lock lost on a stalled server reported about a second more than its
+/// lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_outlives_its_hold_reports_it_ended() {
+    fn escaped(what: &str, lease: Option<sage_lock::Lease>) {
+        let lease = lease.unwrap_or_else(|| panic!("{what}: the body never sent its lease"));
+        println!(
+            "{what}: escaped lease valid {} remaining {:?}",
+            lease.is_valid(),
+            lease.remaining()
+        );
+        assert!(
+            !lease.is_valid() && lease.remaining().is_zero(),
+            "{what}: {lease:?} still valid after its hold ended"
+        );
+    }
+    for kind in ServerKind::ALL {
+        let name = kind.name();
+        let server = Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let lease = Duration::from_secs(1);
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("lease-end").lease(lease))
+            .expect("opts");
+        let wait = Duration::from_secs(2);
+
+        let released = locks
+            .with_lock("released", wait, async { sage_lock::current_lease() })
+            .await
+            .expect("lock");
+        escaped(&format!("{name}: released"), released);
+
+        let mut sent = None;
+        let cancelled = tokio::time::timeout(
+            Duration::from_millis(200),
+            locks.with_lock("cancelled", wait, async {
+                sent = sage_lock::current_lease();
+                std::future::pending::<()>().await;
+            }),
+        )
+        .await;
+        assert!(cancelled.is_err(), "{name}: the body was not cancelled");
+        escaped(&format!("{name}: cancelled"), sent.take());
+
+        let several = locks
+            .with_locks(&["several:a", "several:b"], wait, async {
+                sage_lock::current_lease()
+            })
+            .await
+            .expect("with_locks");
+        escaped(&format!("{name}: with_locks"), several);
+
+        // Lost: the server stops answering 100 ms into the body, so renewal fails until the
+        // usable lease runs out; the release that follows the loss waits up to a second.
+        let mut sent = None;
+        let started = Instant::now();
+        let result = locks
+            .with_lock("lost", wait, async {
+                sent = sage_lock::current_lease();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                server.pause();
+                std::future::pending::<()>().await;
+            })
+            .await;
+        let took = started.elapsed();
+        server.resume();
+        println!("{name}: lost -> {result:?} after {took:?}");
+        let Err(LockError::LockLost { held, .. }) = result else {
+            panic!("{name}: a stalled server's lock was not lost: {result:?}");
+        };
+        assert!(
+            held <= lease + Duration::from_millis(100),
+            "{name}: LockLost says the lock was held {held:?}, a {lease:?} lease (call took {took:?})"
+        );
+        escaped(&format!("{name}: lost"), sent.take());
+        client.quit().await;
+    }
+}
+
+/// `max_connections(usize::MAX)` (a natural way to write "no limit") connects and locks; it
+/// panicked in tokio's semaphore ("a semaphore may not have more than MAX_PERMITS permits")
+/// after the connection was open. So does `renewal_batch_limit(usize::MAX)`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unbounded_pool_and_batch_settings_connect() {
+    let server = Server::start(ServerKind::Redis);
+    let connecting = tokio::spawn(
+        LockClient::builder()
+            .url(&server.url())
+            .max_connections(usize::MAX)
+            .renewal_batch_limit(usize::MAX)
+            .connect(),
+    );
+    let client = connecting
+        .await
+        .expect("connect must not panic")
+        .expect("connect");
+    let locks = client.lock_with::<str>(
+        LockOptions::new()
+            .namespace("unbounded")
+            .lease(Duration::from_millis(300)),
+    );
+    let locks = locks.expect("opts");
+    let renewed = locks
+        .with_lock("k", Duration::from_secs(1), async {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            sage_lock::current_lease().map(|lease| lease.is_valid())
+        })
+        .await
+        .expect("lock");
+    assert_eq!(renewed, Some(true), "the lease was not renewed");
+    client.quit().await;
+}
