@@ -7,7 +7,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::key::LockKeys;
@@ -67,6 +67,8 @@ struct LeaseState {
     acquired_at: Instant,
     /// Nanoseconds after `acquired_at` at which the usable lease ends.
     valid_for_nanos: AtomicU64,
+    /// Set when the hold ended (released, lost, or its call cancelled): no time is left.
+    ended: AtomicBool,
 }
 
 impl Lease {
@@ -86,6 +88,7 @@ impl Lease {
                 fencing_token,
                 acquired_at,
                 valid_for_nanos: AtomicU64::new(0),
+                ended: AtomicBool::new(false),
             }),
             parts: None,
         };
@@ -159,13 +162,18 @@ impl Lease {
         &self.state.namespace
     }
 
-    /// How much of the usable lease is left (zero once it has run out). Renewals extend it.
+    /// How much of the usable lease is left: zero once it has run out, and once the hold ended
+    /// (released, lost, or its call cancelled), for a clone kept past the body. Renewals
+    /// extend it.
     #[must_use]
     pub fn remaining(&self) -> Duration {
+        if self.state.ended.load(Ordering::Acquire) {
+            return Duration::ZERO;
+        }
         self.valid_until().saturating_duration_since(Instant::now())
     }
 
-    /// True while the usable lease has not run out.
+    /// True while the usable lease has not run out and the hold has not ended.
     #[must_use]
     pub fn is_valid(&self) -> bool {
         !self.remaining().is_zero()
@@ -195,6 +203,11 @@ impl Lease {
     pub(crate) fn valid_until(&self) -> Instant {
         self.state.acquired_at
             + Duration::from_nanos(self.state.valid_for_nanos.load(Ordering::Acquire))
+    }
+
+    /// Marks the hold over (released, lost or cancelled): from now on no time is left.
+    pub(crate) fn end(&self) {
+        self.state.ended.store(true, Ordering::Release);
     }
 
     /// Moves the end of the usable lease (never backwards).

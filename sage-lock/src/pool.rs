@@ -105,7 +105,10 @@ impl Drop for Loan {
 }
 
 impl DedicatedPool {
+    /// A pool of at most `max_connections`; any number above tokio's
+    /// [`Semaphore::MAX_PERMITS`] (such as `usize::MAX`) counts as that, in effect no limit.
     pub(crate) fn new(template: Client, max_connections: usize) -> Self {
+        let max_connections = max_connections.min(Semaphore::MAX_PERMITS);
         DedicatedPool {
             template,
             permits: Arc::new(Semaphore::new(max_connections)),

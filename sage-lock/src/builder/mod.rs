@@ -331,7 +331,8 @@ impl LockClientBuilder {
         self
     }
 
-    /// Size of the dedicated connection pool used for `WAIT` (default 16, at least 1).
+    /// Size of the dedicated connection pool used for `WAIT` (default 16, at least 1;
+    /// `usize::MAX` for, in effect, no limit).
     #[must_use]
     pub fn max_connections(mut self, max_connections: usize) -> Self {
         self.max_connections = max_connections;

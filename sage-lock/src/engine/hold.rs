@@ -189,8 +189,10 @@ impl Held {
             // Likely a failover: idle dedicated connections may point at the old primary.
             conn.forget_topology();
         }
-        self.metrics.held(self.lease.held_for());
-        tracing::warn!(reason = %reason, held = ?self.lease.held_for(), "lock lost; body cancelled");
+        // How long it was held: up to the loss, not the best-effort release that follows.
+        let held = self.lease.held_for();
+        self.metrics.held(held);
+        tracing::warn!(reason = %reason, ?held, "lock lost; body cancelled");
         if reason != LossReason::NotOwner {
             release_now(
                 &self.engine,
@@ -210,13 +212,16 @@ impl Held {
         LockError::LockLost {
             key: self.keys.display().to_string(),
             namespace: self.namespace.to_string(),
-            held: self.lease.held_for(),
+            held,
             reason,
         }
     }
 
+    /// The hold is over (released, lost, or its call cancelled): stops renewing it, and ends
+    /// its lease for any clone kept past the body ([`Lease::remaining`] is zero from now on).
     fn stop_renewal(&mut self) {
         self.renewal = None;
+        self.lease.end();
     }
 
     /// How much longer the minimum hold keeps the key, if at least a millisecond.
