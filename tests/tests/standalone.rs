@@ -1099,7 +1099,7 @@ fn from_fred_outside_a_runtime_connects_on_first_use() {
 /// is false and `remaining()` zero. It went on counting down the lease as if still held. And
 /// `LockLost::held` is how long the lock was held, not that plus the failed release that
 /// follows the loss (a lock lost on a stalled server reported about a second more than its
-/// lease).
+/// lease), and `LockLost` reaches the caller at the loss, not up to `RELEASE_TIMEOUT` later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_that_outlives_its_hold_reports_it_ended() {
     fn escaped(what: &str, lease: Option<sage_lock::Lease>) {
@@ -1172,6 +1172,20 @@ async fn a_lease_that_outlives_its_hold_reports_it_ended() {
             held <= lease + Duration::from_millis(100),
             "{name}: LockLost says the lock was held {held:?}, a {lease:?} lease (call took {took:?})"
         );
+        // And the caller learns of the loss then, not after the release that follows it (it
+        // waited up to RELEASE_TIMEOUT for the stalled server).
+        assert!(
+            took <= lease + Duration::from_millis(300),
+            "{name}: LockLost came back {took:?} after the call, a {lease:?} lease"
+        );
+        let freed = Instant::now() + Duration::from_secs(3);
+        while locks.is_locked("lost").await.expect("is_locked") {
+            assert!(
+                Instant::now() < freed,
+                "{name}: the lost key stayed held after the server answered again"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         escaped(&format!("{name}: lost"), sent.take());
         client.quit().await;
     }
