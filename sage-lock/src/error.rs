@@ -47,7 +47,8 @@ pub enum LockError {
         key: String,
         /// The lock's namespace.
         namespace: String,
-        /// How long the lease had been held when the loss was detected.
+        /// How long the lease had been held when the loss was detected (not counting the
+        /// best-effort release that follows).
         held: Duration,
         /// How ownership was lost.
         reason: LossReason,

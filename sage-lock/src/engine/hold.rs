@@ -180,7 +180,8 @@ impl Held {
         }
     }
 
-    /// Records a loss, makes a best-effort release, and builds the error.
+    /// Records a loss, makes a best-effort release (waited for at most [`ABANDON_WAIT`], then
+    /// left to the background, counted for `quit`), and builds the error.
     pub(crate) async fn lost(mut self, reason: LossReason) -> LockError {
         self.stop_renewal();
         let conn = &self.engine.conn;
@@ -194,19 +195,14 @@ impl Held {
         self.metrics.held(held);
         tracing::warn!(reason = %reason, ?held, "lock lost; body cancelled");
         if reason != LossReason::NotOwner {
-            release_now(
-                &self.engine,
-                &*self.rules,
-                &self.keys,
-                &self.token,
-                &self.metrics,
-                self.handoff_lease,
-                None,
-                self.granted_by.as_ref(),
-                false,
-                false,
-            )
-            .await;
+            // Best effort, as the abandoning of a timed-out attempt: a server that stopped
+            // answering must not hold the error up to `RELEASE_TIMEOUT` past the loss. A lost
+            // lock keeps no minimum hold, and its release takes the full script.
+            self.hold_at_least = Duration::ZERO;
+            self.uncontended = false;
+            if let Some(release) = release_in_background(&self) {
+                let _ = tokio::time::timeout(ABANDON_WAIT, release).await;
+            }
         }
         self.armed = false;
         LockError::LockLost {
@@ -382,9 +378,9 @@ async fn release_now(
     }
 }
 
-/// How long an acquisition whose wait ran out waits for the release undoing its last attempt
-/// (one round trip on a healthy server) before it returns and leaves that release to the
-/// background.
+/// How long an acquisition whose wait ran out waits for the release undoing its last attempt,
+/// and a lost hold for its best-effort release (one round trip on a healthy server), before it
+/// returns and leaves that release to the background.
 const ABANDON_WAIT: Duration = Duration::from_millis(20);
 
 fn release_in_background(held: &Held) -> Option<tokio::task::JoinHandle<()>> {

@@ -83,7 +83,9 @@ impl<K: ?Sized> Locks<K> {
     /// - [`LockError::TimedOut`]: not acquired within `wait_timeout` (which covers replies, retry
     ///   delays and replica acknowledgement, not the body). It returns at most about 20 ms past
     ///   the wait, also when the server stopped answering.
-    /// - [`LockError::LockLost`]: the lease was lost; the body future was dropped.
+    /// - [`LockError::LockLost`]: the lease was lost; the body future was dropped. It returns
+    ///   at the loss (at most about 20 ms later), the release that follows going on in the
+    ///   background.
     /// - [`LockError::Backend`]: a non-transient server or connection error.
     ///
     /// Dropping the returned future stops renewal and releases the lock in the background.
