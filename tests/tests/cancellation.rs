@@ -598,7 +598,14 @@ async fn storm(primitive: &str, dep: &Deployment) {
         );
     }
     let most_queued = sampler.finish();
-    let open = dep.connections.map(|(port, _)| connected_clients(port));
+    // The sampler opened a connection per command: the server may count some it has not yet
+    // seen closed (a busy machine). Wait for those, up to 2 s; the clients' own stay counted.
+    let open = match (dep.connections, baseline) {
+        (Some((port, allowed)), Some(baseline)) => {
+            Some(settle_clients(port, baseline + allowed, Duration::from_secs(2)).await)
+        }
+        _ => None,
+    };
     let stats = clients.each_ref().map(LockClient::stats);
     let (busy, handoffs) = (
         stats[0].busy_retries + stats[1].busy_retries,
@@ -642,7 +649,11 @@ async fn storm(primitive: &str, dep: &Deployment) {
     if let (Some((port, allowed)), Some(baseline), Some(open)) = (dep.connections, baseline, open) {
         assert!(
             open <= baseline + allowed,
-            "{name}: {open} connections open, baseline {baseline} + {allowed} for two clients"
+            "{name}: {open} connections open, baseline {baseline} + {allowed} for two clients:\n{}",
+            harness::cmd(port, &["CLIENT", "LIST"])
+                .ok()
+                .and_then(|list| list.to_text())
+                .unwrap_or_default()
         );
         let left = settle_clients(port, baseline, Duration::from_secs(5)).await;
         assert!(
