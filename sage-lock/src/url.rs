@@ -161,6 +161,18 @@ mod tests {
     }
 
     #[test]
+    fn a_unix_socket_url_is_refused_as_unsupported() {
+        let Err(err) = parse_url("redis+unix:///tmp/redis.sock") else {
+            panic!("accepted a unix socket URL")
+        };
+        let text = err.to_string();
+        assert!(
+            text.contains("unix sockets are not supported") && text.contains("redis://"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn deployment_comes_from_the_url() {
         let cluster = parse_url("redis-cluster://127.0.0.1:7000?node=127.0.0.1:7001");
         assert_eq!(
