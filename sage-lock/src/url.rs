@@ -7,7 +7,7 @@ use crate::error::LockError;
 use crate::topology::Deployment;
 
 /// URL schemes fred understands; anything else is rejected before fred guesses.
-const SCHEMES: [&str; 9] = [
+const SCHEMES: [&str; 8] = [
     "redis",
     "rediss",
     "valkey",
@@ -16,11 +16,21 @@ const SCHEMES: [&str; 9] = [
     "rediss-cluster",
     "redis-sentinel",
     "rediss-sentinel",
-    "redis+unix",
 ];
 
 pub(crate) fn parse_url(url: &str) -> Result<Config, LockError> {
     let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+    if scheme.is_some_and(|scheme| scheme.to_ascii_lowercase().contains("unix")) {
+        return Err(LockError::invalid(
+            "url",
+            format!(
+                "{}: unix sockets are not supported (sage-lock connects over TCP); use \
+                 redis://127.0.0.1:6379 (with the server's port), and for a local server bind it \
+                 to 127.0.0.1",
+                redact(url)
+            ),
+        ));
+    }
     if !scheme.is_some_and(|scheme| SCHEMES.contains(&scheme.to_ascii_lowercase().as_str())) {
         return Err(LockError::invalid(
             "url",
