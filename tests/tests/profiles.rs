@@ -13,8 +13,8 @@ use harness::ServerKind;
 const URL: &str = "SAGE_LOCK_TEST_PROFILE_URL";
 
 /// Runs `scenario` in a fresh process with only the `SAGE_LOCK_PROFILE_*` variables in `env`,
-/// and fails with its output if it fails.
-fn run_scenario(scenario: &str, env: &[(&str, String)]) {
+/// and fails with its output if it fails; returns what it logged (warnings, on stderr).
+fn run_scenario(scenario: &str, env: &[(&str, String)]) -> String {
     let mut command = Command::new(env!("CARGO_BIN_EXE_profile_scenarios"));
     command.arg(scenario).env_remove(URL);
     for (name, _) in std::env::vars() {
@@ -33,17 +33,26 @@ fn run_scenario(scenario: &str, env: &[(&str, String)]) {
         output.status,
         String::from_utf8_lossy(&output.stderr)
     );
+    String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 #[test]
 fn profiles_from_toml_and_env_with_attribute_overrides() {
     for kind in ServerKind::ALL {
-        run_scenario(
+        let logged = run_scenario(
             "from-toml",
             &[
                 (URL, harness::shared(kind).url()),
                 ("SAGE_LOCK_PROFILE_ACCOUNT_UPDATES_LEASE", "7s".to_owned()),
             ],
+        );
+        // The override matches an installed profile; the refused second `set_profiles` (with
+        // no profiles) logs nothing either. It logged "environment variable overrides no
+        // installed lock profile" for it, and only then failed.
+        assert!(
+            !logged.contains("overrides no installed lock profile"),
+            "{}: {logged}",
+            kind.name()
         );
     }
 }

@@ -262,6 +262,12 @@ async fn not_installed() {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    // Warnings go to stderr, which the parent test reads.
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
     let scenario = std::env::args().nth(1).unwrap_or_default();
     match scenario.as_str() {
         "from-toml" => from_toml().await,
