@@ -66,20 +66,24 @@ pub fn set_profiles(profiles: Profiles) -> Result<(), LockError> {
         .and_then(|()| env::apply(&mut profiles, |name| std::env::var_os(name)))
         .and_then(|()| profiles.check())
         .map_err(|message| LockError::invalid("profile", message))?;
-    for variable in env::unmatched(&profiles, std::env::vars_os().map(|(name, _)| name)) {
-        tracing::warn!(
-            %variable,
-            profiles = ?profiles.names().collect::<Vec<_>>(),
-            "environment variable overrides no installed lock profile"
-        );
-    }
+    let unmatched = env::unmatched(&profiles, std::env::vars_os().map(|(name, _)| name));
+    let names: Vec<String> = profiles.names().map(str::to_owned).collect();
     PROFILES.set(profiles).map_err(|_| {
         LockError::invalid(
             "profile",
             "lock profiles were already installed; call sage_lock::global::set_profiles once, \
              at start-up",
         )
-    })
+    })?;
+    // Only about the profiles installed: a refused call has nothing to warn about.
+    for variable in unmatched {
+        tracing::warn!(
+            %variable,
+            profiles = ?names,
+            "environment variable overrides no installed lock profile"
+        );
+    }
+    Ok(())
 }
 
 /// The installed profiles (with their environment overrides), if any.
