@@ -204,5 +204,9 @@ mod tests {
         );
         let error = toml::from_str::<LockOptions>("namespace = \"\"").expect_err("empty");
         assert!(error.to_string().contains("must not be empty"), "{error}");
+        // Checked when read, as a profile's is (it was accepted, and refused by `lock_with`).
+        let error =
+            toml::from_str::<LockOptions>("hold_at_least = \"9000h\"").expect_err("too long");
+        assert!(error.to_string().contains("at most one year"), "{error}");
     }
 }
