@@ -10,7 +10,7 @@ use serde::de::{self, Deserializer, Visitor};
 
 use super::{Profile, Profiles};
 use crate::duration::parse_millis;
-use crate::options::{LockOptions, validate_lease, validate_namespace};
+use crate::options::{LockOptions, validate_hold_at_least, validate_lease, validate_namespace};
 
 /// The fields of a [`Profile`] as written in a configuration file.
 #[derive(Deserialize)]
@@ -91,6 +91,7 @@ impl<'de> Deserialize<'de> for LockOptions {
             options = options.replica_acknowledgement(on);
         }
         if let Some(hold) = fields.hold_at_least {
+            validate_hold_at_least(hold).map_err(de::Error::custom)?;
             options = options.hold_at_least(hold);
         }
         if let Some(on) = fields.reentrant {
