@@ -204,3 +204,28 @@ async fn scan_lists_the_held_locks_of_one_namespace() {
         assert!(locks.scan().await.expect("scan").is_empty(), "{name}");
     }
 }
+
+/// A lock's server key holding another type (set by hand or by another program: no primitive
+/// writes anything but a string there, the others use keys of their own) is refused with the
+/// type and how to look at it, not "inspect it with the tool of that primitive" (there is none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tools_refuse_a_key_of_another_type_and_say_how_to_look_at_it() {
+    let kind = ServerKind::Redis;
+    let client = Target::standalone(kind).client().await;
+    let namespace = "operator-by-hand";
+    let locks = family(&client, namespace, Duration::from_secs(5));
+    let port = harness::shared(kind).port();
+    harness::cmd_ok(port, &["HSET", "{operator-by-hand:by-hand}", "f", "v"]);
+    let refused = locks.holder("by-hand").await;
+    let Err(LockError::InvalidArgument { argument, message }) = refused else {
+        panic!("holder of a hash: {refused:?}");
+    };
+    println!("{message}");
+    assert_eq!(argument, "key");
+    assert!(
+        message.contains("hash") && message.contains("redis-cli") && !message.contains("tool of"),
+        "{message}"
+    );
+    harness::cmd_ok(port, &["DEL", "{operator-by-hand:by-hand}"]);
+    client.quit().await;
+}
