@@ -55,7 +55,8 @@ const UNNAMED: &str = "(not named: Locks::force_unlock_by names who asked)";
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HolderInfo {
-    /// The fencing token of the current hold (the key's fencing counter).
+    /// The key's fencing counter: the current hold's fencing token, unless a read-write lock or
+    /// semaphore of the same name and namespace (which share the counter) was granted since.
     pub fencing_token: u64,
     /// How long the lease has left on the server (`PTTL`); `None` when the key has no expiry
     /// (it was set by hand).
@@ -192,9 +193,8 @@ impl<K: ?Sized> Locks<K> {
     /// ```
     ///
     /// # Errors
-    /// [`LockError::InvalidArgument`] when the key holds something other than a lock of this
-    /// kind (another primitive, or a value set by hand); [`LockError::Backend`] when the server
-    /// cannot answer.
+    /// [`LockError::InvalidArgument`] when the lock's server key holds another type (set by
+    /// hand or by another program); [`LockError::Backend`] when the server cannot answer.
     pub async fn holder<Q>(&self, key: &Q) -> Result<Option<HolderInfo>, LockError>
     where
         K: Borrow<Q>,
@@ -223,7 +223,7 @@ impl<K: ?Sized> Locks<K> {
     /// ```
     ///
     /// # Errors
-    /// [`LockError::InvalidArgument`] when the key is not a lock of this kind;
+    /// [`LockError::InvalidArgument`] when the lock's server key holds another type;
     /// [`LockError::Backend`] when the server cannot answer.
     pub async fn force_unlock<Q>(&self, key: &Q) -> Result<bool, LockError>
     where
@@ -242,7 +242,7 @@ impl<K: ?Sized> Locks<K> {
     /// ```
     ///
     /// # Errors
-    /// [`LockError::InvalidArgument`] when `by` is empty or the key is not a lock of this kind;
+    /// [`LockError::InvalidArgument`] when `by` is empty or the lock's server key holds another type;
     /// [`LockError::Backend`] when the server cannot answer.
     pub async fn force_unlock_by<Q>(&self, key: &Q, by: &str) -> Result<bool, LockError>
     where
@@ -436,8 +436,12 @@ fn not_a_mutex(keys: &LockKeys, kind: &str) -> LockError {
     LockError::invalid(
         "key",
         format!(
-            "{} holds a {kind}, not a lock of this kind (another primitive's key, or a value set by hand): inspect it with the tool of that primitive",
-            keys.display()
+            "{} holds a {kind}, not a lock: sage-lock writes only strings at a lock's key (its \
+             other primitives use keys of their own), so it was set by hand or by another \
+             program; look at it with redis-cli (TYPE {server_key}), and delete it there if it \
+             is stale",
+            keys.display(),
+            server_key = String::from_utf8_lossy(&keys.lock),
         ),
     )
 }
