@@ -229,6 +229,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn no_acknowledgement_at_all_mentions_a_primary_without_replicas() {
+        let none = TimeoutReason::NotAcknowledged {
+            acknowledged: 0,
+            required: 1,
+        }
+        .to_string();
+        assert!(
+            none.contains("check replica health") && none.contains("without replicas"),
+            "{none}"
+        );
+        let short = TimeoutReason::NotAcknowledged {
+            acknowledged: 1,
+            required: 2,
+        }
+        .to_string();
+        assert!(!short.contains("without replicas"), "{short}");
+    }
+
+    #[test]
     fn a_retried_renewal_is_not_reported_as_a_loss() {
         let timeout = LossReason::RenewalFailed("Timeout Error: no reply".into());
         assert_eq!(
