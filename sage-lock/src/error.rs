@@ -135,11 +135,22 @@ impl fmt::Display for TimeoutReason {
             TimeoutReason::NotAcknowledged {
                 acknowledged,
                 required,
-            } => write!(
-                f,
-                "granted, but only {acknowledged} of {required} replicas acknowledged it in time \
-                 (released again); check replica health or disable replica acknowledgement"
-            ),
+            } => {
+                write!(
+                    f,
+                    "granted, but only {acknowledged} of {required} replicas acknowledged it in \
+                     time (released again); check replica health or disable replica \
+                     acknowledgement"
+                )?;
+                if *acknowledged == 0 && *required == 1 {
+                    // A replicated deployment needs at least one acknowledgement.
+                    f.write_str(
+                        " (a primary without replicas never acknowledges: for a single server, \
+                         connect without replicated(true))",
+                    )?;
+                }
+                Ok(())
+            }
             TimeoutReason::Unavailable(last) => {
                 write!(f, "server unavailable, last error: {last}")
             }
