@@ -412,7 +412,12 @@ fn error_event(key: &str, error: &LockError) -> Event {
                 _ => "other",
             }
         ),
-        LockError::Backend { context, .. } => format!("backend:{}", field_text(context)),
+        // With the client's error: the summary counts each cause on its own.
+        LockError::Backend { context, source } => format!(
+            "backend:{}:{}",
+            field_text(context),
+            field_text(&source.to_string())
+        ),
         LockError::InvalidArgument { argument, .. } => format!("invalid:{argument}"),
         _ => "other".to_owned(),
     };
