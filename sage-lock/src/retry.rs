@@ -132,6 +132,26 @@ mod tests {
         assert_eq!(millis_ceil(Duration::MAX), i64::MAX);
     }
 
+    /// fred refreshes its cluster routing (`CLUSTER SLOTS`) when a node fails or a slot moves,
+    /// and fails the command in flight when that refresh gets no answer it can use: found by
+    /// the chaos suite (`--topology cluster`, seed 1314 on Valkey: one acquisition each
+    /// returned `Backend` with these) during cluster failovers.
+    #[test]
+    fn a_failed_cluster_routing_refresh_is_transient() {
+        for error in [
+            Error::new(
+                ErrorKind::Protocol,
+                "Invalid or missing CLUSTER SLOTS response.",
+            ),
+            Error::new(ErrorKind::Parse, "Could not convert to string."),
+        ] {
+            assert_eq!(classify(&error), Failure::Transient, "{error}");
+        }
+        // A reply sage-lock itself cannot read stays permanent.
+        let ours = Error::new(ErrorKind::Protocol, "unexpected reply to ROLE");
+        assert_eq!(classify(&ours), Failure::Permanent);
+    }
+
     #[test]
     fn transient_server_errors_are_recognised() {
         for text in [
