@@ -44,6 +44,10 @@ pub(crate) fn classify(error: &Error) -> Failure {
         | ErrorKind::Routing
         | ErrorKind::Backpressure
         | ErrorKind::Sentinel => Failure::Transient,
+        // sage-lock's commands reply with raw values, which fred never converts: a parse error
+        // is fred's own, reading the `CLUSTER SLOTS` of a cluster in the middle of a failover
+        // (a node listed without an address). The next attempt refreshes the routing again.
+        ErrorKind::Parse => Failure::Transient,
         ErrorKind::Unknown | ErrorKind::Protocol => {
             let details = error.details().trim_start();
             let is_transient = TRANSIENT_PREFIXES.iter().any(|prefix| {
@@ -53,9 +57,11 @@ pub(crate) fn classify(error: &Error) -> Failure {
                         .next()
                         .is_none_or(|c| c == ' ')
             });
-            // fred reports a command it could not send (disconnected, max attempts 1) this way.
+            // fred reports a command it could not send (disconnected, max attempts 1) this way,
+            // and a cluster routing refresh that got no usable `CLUSTER SLOTS` (a failover).
             let unsent = details.starts_with("Failed to route")
                 || details.starts_with("Too many failed write attempts")
+                || details.starts_with("Invalid or missing CLUSTER SLOTS")
                 || details.contains("connection");
             if is_transient || unsent {
                 Failure::Transient
