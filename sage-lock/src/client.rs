@@ -163,6 +163,10 @@ impl LockClient {
     /// as an error (`ErrorKind::Routing`, after fred refreshed its routing for `MOVED`) instead
     /// of being followed. Called inside a Tokio runtime, it starts the connection of a client
     /// [`LockClient::from_fred`] made outside one.
+    ///
+    /// After [`LockClient::quit`] it stays closed: a command sent on it is not sent to the
+    /// server and fails with fred's `ErrorKind::Timeout` once the command timeout passes (5 s
+    /// unless [`command_timeout`](crate::LockClientBuilder::command_timeout) says otherwise).
     #[must_use]
     pub fn fred(&self) -> &Client {
         self.inner.conn.fred()
@@ -245,7 +249,8 @@ impl LockClient {
     ///
     /// Afterwards every call made from this client (waiting, trying, operator tools,
     /// [`LockClient::dedicated_connection`]) fails at once with [`LockError::Backend`] quoting
-    /// `LockClient::quit()`, and opens no connection; tasks waiting for a lock stop waiting the
+    /// `LockClient::quit()`, and opens no connection (commands of your own on
+    /// [`LockClient::fred`] fail too, after the command timeout); tasks waiting for a lock stop waiting the
     /// same way. Locks still held are not released and not renewed: a body still running keeps
     /// its lock until the usable lease runs out, then fails with [`LockError::LockLost`] (its
     /// release fails too); the server lets the lock expire with its lease. Quit after the bodies

@@ -5,11 +5,15 @@
 use std::time::{Duration, Instant};
 
 use harness::{Server, ServerKind, connected_clients, settle_clients};
+use sage_lock::fred::error::ErrorKind;
 use sage_lock::fred::interfaces::{ClientLike, KeysInterface};
 use sage_lock::{LockClient, LockError, LockOptions, Locks};
 
 /// How long a call on a closed client may take: it sends nothing, so this is generous.
 const AT_ONCE: Duration = Duration::from_millis(500);
+
+/// The command timeout of the client in `calls_after_quit_fail_at_once_and_open_nothing`.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
 
 fn options(ns: &str, lease: Duration) -> LockOptions {
     LockOptions::new().namespace(ns).lease(lease)
@@ -48,7 +52,12 @@ async fn calls_after_quit_fail_at_once_and_open_nothing() {
         let server = Server::start(kind);
         let port = server.port();
         let baseline = connected_clients(port);
-        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let client = LockClient::builder()
+            .url(&server.url())
+            .command_timeout(COMMAND_TIMEOUT)
+            .connect()
+            .await
+            .expect("connect");
         let locks: Locks<str> = client
             .lock_with(options("after-quit", Duration::from_secs(5)))
             .expect("opts");
@@ -92,6 +101,24 @@ async fn calls_after_quit_fail_at_once_and_open_nothing() {
         let start = Instant::now();
         let result = client.dedicated_connection(Duration::from_secs(3)).await;
         assert_closed("dedicated_connection", result, start.elapsed());
+        // The fred client behind it is closed too: a command of the caller's own is not sent
+        // and fails after the client's command timeout (1 s here), without reconnecting.
+        let start = Instant::now();
+        let ping =
+            tokio::time::timeout(Duration::from_secs(10), client.fred().ping::<String>(None)).await;
+        let took = start.elapsed();
+        println!("{name}: fred().ping() after quit: {ping:?} in {took:?}");
+        assert!(
+            matches!(&ping, Ok(Err(error)) if matches!(
+                error.kind(),
+                ErrorKind::Timeout | ErrorKind::Canceled
+            )),
+            "{name}: fred().ping() after quit: {ping:?} in {took:?} (expected fred's Timeout)"
+        );
+        assert!(
+            took < COMMAND_TIMEOUT + AT_ONCE,
+            "{name}: fred().ping() after quit took {took:?}"
+        );
         let start = Instant::now();
         let result = client
             .rw_lock::<str>()
