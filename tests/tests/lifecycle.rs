@@ -295,17 +295,34 @@ fn a_client_dropped_outside_any_runtime_closes_its_connections() {
 
 /// A runtime shut down while a body holds a lock: the lock is not renewed past that (it
 /// expires with its lease, as nothing can release it), and the same client, on a new runtime,
-/// takes it once the lease ran out.
+/// takes it once the lease ran out. The same for a client made by `from_fred` (whose shared
+/// connection is a fred client rebuilt from the caller's).
 #[test]
 fn a_lock_held_when_its_runtime_shuts_down_expires_with_its_lease() {
     let lease = Duration::from_secs(1);
-    for kind in ServerKind::ALL {
-        let name = kind.name();
+    for (kind, from_fred) in ServerKind::ALL
+        .into_iter()
+        .flat_map(|kind| [(kind, false), (kind, true)])
+    {
+        let name = format!(
+            "{}{}",
+            kind.name(),
+            if from_fred { " from_fred" } else { "" }
+        );
         let server = Server::start(kind);
         let first = harness::multi_thread_runtime();
-        let client = first
-            .block_on(LockClient::connect(&server.url()))
-            .expect("connect");
+        let client = if from_fred {
+            let config = sage_lock::fred::types::config::Config::from_url(&server.url())
+                .expect("a fred config");
+            let fred = sage_lock::fred::types::Builder::from_config(config)
+                .build()
+                .expect("a fred client");
+            first.block_on(async { LockClient::from_fred(fred) })
+        } else {
+            first
+                .block_on(LockClient::connect(&server.url()))
+                .expect("connect")
+        };
         let locks: Locks<str> = client
             .lock_with(options("runtime-shutdown", lease))
             .expect("opts");
