@@ -44,6 +44,7 @@ macro_rules! primitive_suite {
             primitives_fencing_tokens_increase,
             primitives_reject_invalid_arguments,
             semaphore_bounds_holders,
+            semaphore_waiters_keep_their_own_limit,
             rw_readers_share_writers_exclude,
             rw_writer_not_starved_by_readers,
             multi_opposite_orders_never_deadlock,
@@ -499,6 +500,89 @@ pub async fn semaphore_bounds_holders(target: &Target) {
         "limit 3 with 1 holder: {:?}",
         nested.1
     );
+}
+
+/// A waiter of a family with a smaller limit is not handed a permit by the release of a
+/// holder with a larger one while its own limit is reached: three holders of a 3-permit family,
+/// a 1-permit caller waiting on the same key, one holder leaving. The release handed the
+/// waiter a permit by the releaser's limit: 3 holders inside a family whose limit is 1.
+pub async fn semaphore_waiters_keep_their_own_limit(target: &Target) {
+    let client = target.client().await;
+    let ns = target.ns("sem-own-limit");
+    let three: Semaphores<str> = client
+        .semaphore_with(3, LockOptions::new().namespace(ns.clone()))
+        .expect("opts");
+    let one: Semaphores<str> = client
+        .semaphore_with(1, LockOptions::new().namespace(ns))
+        .expect("opts");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut leave = Vec::new();
+    let mut holders = Vec::new();
+    for _ in 0..3 {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        leave.push(tx);
+        let (three, inside) = (three.clone(), inside.clone());
+        holders.push(tokio::spawn(async move {
+            three
+                .acquire("pool", Duration::from_secs(5), async move {
+                    inside.fetch_add(1, Ordering::SeqCst);
+                    let _ = rx.await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                })
+                .await
+        }));
+    }
+    let filled = Instant::now();
+    while inside.load(Ordering::SeqCst) < 3 {
+        assert!(
+            filled.elapsed() < Duration::from_secs(5),
+            "{}: the three holders never got in",
+            target.label
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let entered_with = Arc::new(AtomicUsize::new(usize::MAX));
+    let waiter = {
+        let (inside, entered_with) = (inside.clone(), entered_with.clone());
+        tokio::spawn(async move {
+            one.acquire("pool", Duration::from_secs(10), async move {
+                let with = inside.fetch_add(1, Ordering::SeqCst);
+                entered_with.store(with, Ordering::SeqCst);
+                inside.fetch_sub(1, Ordering::SeqCst);
+            })
+            .await
+        })
+    };
+    // Queued behind the holders by now; then one holder leaves, two stay.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = leave.remove(0).send(());
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let early = entered_with.load(Ordering::SeqCst);
+    assert_eq!(
+        early,
+        usize::MAX,
+        "{}: the 1-permit waiter entered beside {early} other holders",
+        target.label
+    );
+    for tx in leave {
+        let _ = tx.send(());
+    }
+    waiter
+        .await
+        .expect("waiter task")
+        .unwrap_or_else(|e| panic!("{}: the 1-permit waiter: {e}", target.label));
+    assert_eq!(
+        entered_with.load(Ordering::SeqCst),
+        0,
+        "{}: the 1-permit waiter entered beside other holders",
+        target.label
+    );
+    for holder in holders {
+        holder
+            .await
+            .expect("holder task")
+            .unwrap_or_else(|e| panic!("{}: a 3-permit holder: {e}", target.label));
+    }
 }
 
 /// Readers overlap each other; a writer never overlaps a reader or another writer.
