@@ -145,9 +145,11 @@ pub(crate) trait Rules: Send + Sync + fmt::Debug {
         self.watched_key(keys).into_iter().collect()
     }
     /// What this primitive's owner tokens start with, so that other scripts sharing its keys
-    /// can tell its waiters apart: empty (the default), or the multi-key lock's `m` (its
-    /// waiters are never handed one key alone). Tokens are otherwise hex digits.
-    fn token_prefix(&self) -> &'static [u8] {
+    /// can tell its waiters apart: empty (the default), the multi-key lock's `m` (its waiters
+    /// are never handed one key alone), or the semaphore's `s<permits>-` (a release hands a
+    /// waiter a permit only within the waiter's own limit). Tokens are otherwise hex digits;
+    /// a prefix never holds `:`.
+    fn token_prefix(&self) -> &[u8] {
         b""
     }
     /// The key a hold granted without waiting may be released from with a plain `DELIFEQ key

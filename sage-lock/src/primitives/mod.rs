@@ -11,8 +11,6 @@
 ///   counted or `token` (or the end) is reached; answers the count and whether `token` was met.
 /// - `first_live(q, now)`: the arrival score and the token of the first waiter in `KEYS[q]`
 ///   whose place has not ended (dropping those whose place has), or `nil` when there is none.
-/// - `live_waiters(q, now, limit)`: the tokens of the first `limit` waiters whose place has not
-///   ended, in queue order (dropping those whose place has, on the way).
 /// - `take_place(q, token, t, now, place)`: queues `token` at the back if it is not queued
 ///   (`t`: the script's `TIME` reply) and makes its place end `place` ms after `now`, keeping
 ///   both sets alive at least that long.
@@ -50,22 +48,6 @@ local function first_live(q, now)
     redis.call('ZREM', KEYS[q], first[1])
     redis.call('ZREM', KEYS[q + 1], first[1])
   end
-end
-local function live_waiters(q, now, limit)
-  local live = {}
-  while #live < limit do
-    local waiter = redis.call('ZRANGE', KEYS[q], #live, #live)[1]
-    if not waiter then
-      break
-    end
-    if tonumber(redis.call('ZSCORE', KEYS[q + 1], waiter) or '0') > now then
-      live[#live + 1] = waiter
-    else
-      redis.call('ZREM', KEYS[q], waiter)
-      redis.call('ZREM', KEYS[q + 1], waiter)
-    end
-  end
-  return live
 end
 local function take_place(q, token, t, now, place)
   if not redis.call('ZSCORE', KEYS[q], token) then

@@ -302,7 +302,7 @@ impl Rules for UnitRules {
     /// `m` for several keys, which no release hands one of alone; a unit of one key (a slot of
     /// its own in a cluster) is handed its key as a single-key waiter is (and, as one, confirms
     /// the hand-off with an attempt of its own where replicas must acknowledge).
-    fn token_prefix(&self) -> &'static [u8] {
+    fn token_prefix(&self) -> &[u8] {
         if self.locks.len() > 1 { b"m" } else { b"" }
     }
 }

@@ -113,7 +113,7 @@ impl<K: ?Sized> Semaphores<K> {
     pub(crate) fn new(engine: Arc<Engine>, settings: LockSettings, permits: u32) -> Self {
         Semaphores {
             family: Family::new(engine, settings),
-            rules: Arc::new(SemaphoreRules { permits }),
+            rules: Arc::new(SemaphoreRules::new(permits)),
             permits,
             _key: PhantomData,
         }

@@ -87,11 +87,12 @@ return {0, -1, counter}
 /// Release. `KEYS`: holder set, waiter queue, waiter places, fencing counter; `ARGV`: token,
 /// release channel, permits, hand-off lease ms. Removes the token from the holder set and from
 /// the queue (a waiting caller that gives up leaves it this way). If either freed something
-/// while others wait, it hands the free permits over (by this caller's limit) to the first live
-/// waiters: each becomes a holder for the hand-off lease with a new fencing token, leaves the
-/// queue, and `token:fence:ms` is published on the channel. The reply is
-/// `{released, token, fence}` when one waiter was handed a permit (else `released`: 1 if the
-/// token held a permit, else 0).
+/// while others wait, it hands free permits to the first live waiters, in queue order, each
+/// within its own limit (the `<permits>` of its token's `s<permits>-` prefix; this caller's
+/// for a token without one), stopping at the first whose limit is reached: each becomes a
+/// holder for the hand-off lease with a new fencing token, leaves the queue, and
+/// `token:fence:ms` is published on the channel. The reply is `{released, token, fence}` when
+/// one waiter was handed a permit (else `released`: 1 if the token held a permit, else 0).
 const RELEASE: &str = concat!(
     waiter_queue_lua!(),
     r"
@@ -108,24 +109,31 @@ if released + left > 0 and redis.call('EXISTS', KEYS[2]) == 1 then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  local free = tonumber(ARGV[3]) - redis.call('ZCARD', KEYS[1])
-  if free > 0 then
-    local handoff = tonumber(ARGV[4])
-    local named = live_waiters(2, now, free)
-    local fence
-    for _, waiter in ipairs(named) do
-      fence = redis.call('INCR', KEYS[4])
-      redis.call('ZADD', KEYS[1], now + handoff, waiter)
-      redis.call('ZREM', KEYS[2], waiter)
-      redis.call('ZREM', KEYS[3], waiter)
-      redis.pcall('SPUBLISH', ARGV[2], waiter .. ':' .. fence .. ':' .. handoff)
+  local holders = redis.call('ZCARD', KEYS[1])
+  local handoff = tonumber(ARGV[4])
+  local named, fence = {}, nil
+  while true do
+    local _, waiter = first_live(2, now)
+    if not waiter then
+      break
     end
-    if #named > 0 and redis.call('PTTL', KEYS[1]) < handoff then
-      redis.call('PEXPIRE', KEYS[1], handoff)
+    local limit = tonumber(string.match(waiter, '^s(%d+)-') or ARGV[3])
+    if holders >= limit then
+      break
     end
-    if #named == 1 then
-      return {released, named[1], fence}
-    end
+    fence = redis.call('INCR', KEYS[4])
+    redis.call('ZADD', KEYS[1], now + handoff, waiter)
+    redis.call('ZREM', KEYS[2], waiter)
+    redis.call('ZREM', KEYS[3], waiter)
+    redis.pcall('SPUBLISH', ARGV[2], waiter .. ':' .. fence .. ':' .. handoff)
+    holders = holders + 1
+    named[#named + 1] = waiter
+  end
+  if #named > 0 and redis.call('PTTL', KEYS[1]) < handoff then
+    redis.call('PEXPIRE', KEYS[1], handoff)
+  end
+  if #named == 1 then
+    return {released, named[1], fence}
   end
 end
 return released
@@ -172,6 +180,18 @@ pub(crate) fn shorten_member(
 #[derive(Debug)]
 pub(super) struct SemaphoreRules {
     pub(super) permits: u32,
+    /// `s<permits>-`: what this family's tokens start with, so that a release by a family of
+    /// another limit hands its waiters permits within their own.
+    token_prefix: Box<[u8]>,
+}
+
+impl SemaphoreRules {
+    pub(super) fn new(permits: u32) -> SemaphoreRules {
+        SemaphoreRules {
+            permits,
+            token_prefix: format!("s{permits}-").into_bytes().into_boxed_slice(),
+        }
+    }
 }
 
 impl Rules for SemaphoreRules {
@@ -241,5 +261,9 @@ impl Rules for SemaphoreRules {
             key: keys.companion(HOLDERS),
             kind: HoldKind::Member,
         }
+    }
+
+    fn token_prefix(&self) -> &[u8] {
+        &self.token_prefix
     }
 }
