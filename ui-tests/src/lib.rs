@@ -359,3 +359,66 @@ pub async fn export(tenant: &str) -> anyhow::Result<usize> {
 pub async fn transfer(client: Arc<LockClient>, from: u64, to: u64) -> Result<u64, AppError> {
     Ok(from + to)
 }
+
+/// A locked function that calls others: its future holds theirs, so it stays small only if
+/// theirs do (`clippy::large_futures`, pedantic, warns past 16 KiB).
+///
+/// # Errors
+/// When a lock cannot be held.
+#[locked(key = "nested:{id}", wait = "2s")]
+pub async fn nested(id: u64) -> Result<u64, AppError> {
+    update_account(id, 1).await?;
+    let read = read_report(id).await?;
+    let exported = export("t").await.map_err(|_| AppError::Invalid("export"))?;
+    Ok(read + exported as u64)
+}
+
+/// A locked function calling [`nested`], three locks deep.
+///
+/// # Errors
+/// When a lock cannot be held.
+#[locked(key = "outer:{id}", wait = "2s")]
+pub async fn outer(id: u64) -> Result<u64, AppError> {
+    nested(id).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::size_of_val;
+
+    /// The most a `#[locked]` future may take, whatever its body and however deep the nesting:
+    /// the body is boxed once, as `Locks::with_lock` boxes it.
+    const SMALL: usize = 2048;
+
+    /// A client that is never used (made outside a runtime, it does not connect).
+    fn client() -> std::sync::Arc<sage_lock::LockClient> {
+        let fred = sage_lock::fred::types::Builder::default_centralized()
+            .build()
+            .expect("a fred client");
+        std::sync::Arc::new(sage_lock::LockClient::from_fred(fred))
+    }
+
+    #[test]
+    fn locked_futures_stay_small_however_deep() {
+        let sizes = [
+            ("default mode", size_of_val(&super::update_account(1, 1))),
+            ("try_lock", size_of_val(&super::settle(1))),
+            ("read lock", size_of_val(&super::read_report(1))),
+            ("write try_lock", size_of_val(&super::rebuild_report(1))),
+            ("semaphore", size_of_val(&super::export("t"))),
+            ("profile", size_of_val(&super::profiled(1))),
+            ("profile try_lock", size_of_val(&super::profiled_try(1))),
+            ("nested", size_of_val(&super::nested(1))),
+            ("outer", size_of_val(&super::outer(1))),
+            (
+                "several keys",
+                size_of_val(&super::transfer(client(), 1, 2)),
+            ),
+        ];
+        for (what, size) in sizes {
+            println!("{what}: {size} bytes");
+        }
+        let large: Vec<_> = sizes.iter().filter(|(_, size)| *size > SMALL).collect();
+        assert!(large.is_empty(), "futures over {SMALL} bytes: {large:?}");
+    }
+}
