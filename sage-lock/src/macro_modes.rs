@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::macro_support::{Shape, TryShape, family};
+use crate::macro_support::{Shape, TryShape, client_or_global, family};
 use crate::{LockClient, LockError, LockOptions};
 
 /// Which primitive `mode = ".."` / `permits = N` asks for.
@@ -18,13 +18,6 @@ pub enum Primitive {
     Semaphore(u32),
 }
 
-async fn client_of(client: Option<LockClient>) -> Result<LockClient, LockError> {
-    match client {
-        Some(client) => Ok(client),
-        None => crate::global::client().await,
-    }
-}
-
 /// Runs `body` under `primitive` on `key`: waiting up to `wait`, or (`wait == None`) only if
 /// it is free now. `Ok(None)`: busy.
 async fn run_primitive<F: Future>(
@@ -35,7 +28,7 @@ async fn run_primitive<F: Future>(
     wait: Option<Duration>,
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
-    let client = client_of(client).await?;
+    let client = client_or_global(client).await?;
     match primitive {
         Primitive::Read | Primitive::Write => {
             let rw = client.rw_lock_with::<[u8]>(options)?;
@@ -56,8 +49,9 @@ async fn run_primitive<F: Future>(
     }
 }
 
-/// `mode` / `permits`, waiting: as [`with_lock`](crate::macro_support::with_lock) on the read-write lock or semaphore.
-pub async fn with_primitive<R, F>(
+/// `mode` / `permits`, waiting: as [`with_lock`](crate::macro_support::with_lock) on the
+/// read-write lock or semaphore (the body boxed at once, as there).
+pub fn with_primitive<R, F>(
     shape: Shape<R>,
     client: Option<LockClient>,
     primitive: Primitive,
@@ -65,81 +59,96 @@ pub async fn with_primitive<R, F>(
     options: LockOptions,
     wait: Duration,
     body: F,
-) -> R
+) -> impl Future<Output = R>
 where
     F: Future<Output = R>,
 {
-    match run_primitive(client, primitive, key, options, Some(wait), body).await {
-        Ok(Some(output)) => output,
-        Ok(None) => (shape.on_error)(LockError::invalid(
-            "wait_timeout",
-            "internal: busy result in waiting mode",
-        )),
-        Err(error) => (shape.on_error)(error),
+    let body = Box::pin(body);
+    async move {
+        match run_primitive(client, primitive, key, options, Some(wait), body).await {
+            Ok(Some(output)) => output,
+            Ok(None) => (shape.on_error)(LockError::invalid(
+                "wait_timeout",
+                "internal: busy result in waiting mode",
+            )),
+            Err(error) => (shape.on_error)(error),
+        }
     }
 }
 
-/// `mode` / `permits` with `try_lock`: as [`try_with_lock`](crate::macro_support::try_with_lock) on the read-write lock or semaphore.
-pub async fn try_with_primitive<R, B, F>(
+/// `mode` / `permits` with `try_lock`: as [`try_with_lock`](crate::macro_support::try_with_lock)
+/// on the read-write lock or semaphore (the body boxed at once, as there).
+pub fn try_with_primitive<R, B, F>(
     shape: TryShape<R, B>,
     client: Option<LockClient>,
     primitive: Primitive,
     key: Vec<u8>,
     options: LockOptions,
     body: F,
-) -> R
+) -> impl Future<Output = R>
 where
     F: Future<Output = B>,
 {
-    match run_primitive(client, primitive, key, options, None, body).await {
-        Ok(Some(output)) => (shape.finished)(output),
-        Ok(None) => (shape.busy)(),
-        Err(error) => (shape.on_error)(error),
+    let body = Box::pin(body);
+    async move {
+        match run_primitive(client, primitive, key, options, None, body).await {
+            Ok(Some(output)) => (shape.finished)(output),
+            Ok(None) => (shape.busy)(),
+            Err(error) => (shape.on_error)(error),
+        }
     }
 }
 
-/// `key = [..]`, waiting: all of `keys` or none, as [`Locks::with_locks`](crate::Locks::with_locks).
-pub async fn with_locks<R, F>(
+/// `key = [..]`, waiting: all of `keys` or none, as [`Locks::with_locks`](crate::Locks::with_locks)
+/// (the body boxed at once).
+pub fn with_locks<R, F>(
     shape: Shape<R>,
     client: Option<LockClient>,
     keys: Vec<Vec<u8>>,
     options: LockOptions,
     wait: Duration,
     body: F,
-) -> R
+) -> impl Future<Output = R>
 where
     F: Future<Output = R>,
 {
-    let locks = match family(client, options).await {
-        Ok(locks) => locks,
-        Err(error) => return (shape.on_error)(error),
-    };
-    let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-    match locks.with_locks(&keys, wait, body).await {
-        Ok(output) => output,
-        Err(error) => (shape.on_error)(error),
+    let body = Box::pin(body);
+    async move {
+        let locks = match family(client, options).await {
+            Ok(locks) => locks,
+            Err(error) => return (shape.on_error)(error),
+        };
+        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        match locks.with_locks(&keys, wait, body).await {
+            Ok(output) => output,
+            Err(error) => (shape.on_error)(error),
+        }
     }
 }
 
-/// `key = [..]` with `try_lock`: as [`Locks::try_with_locks`](crate::Locks::try_with_locks).
-pub async fn try_with_locks<R, B, F>(
+/// `key = [..]` with `try_lock`: as [`Locks::try_with_locks`](crate::Locks::try_with_locks)
+/// (the body boxed at once).
+pub fn try_with_locks<R, B, F>(
     shape: TryShape<R, B>,
     client: Option<LockClient>,
     keys: Vec<Vec<u8>>,
     options: LockOptions,
     body: F,
-) -> R
+) -> impl Future<Output = R>
 where
     F: Future<Output = B>,
 {
-    let locks = match family(client, options).await {
-        Ok(locks) => locks,
-        Err(error) => return (shape.on_error)(error),
-    };
-    let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-    match locks.try_with_locks(&keys, body).await {
-        Ok(Some(output)) => (shape.finished)(output),
-        Ok(None) => (shape.busy)(),
-        Err(error) => (shape.on_error)(error),
+    let body = Box::pin(body);
+    async move {
+        let locks = match family(client, options).await {
+            Ok(locks) => locks,
+            Err(error) => return (shape.on_error)(error),
+        };
+        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        match locks.try_with_locks(&keys, body).await {
+            Ok(Some(output)) => (shape.finished)(output),
+            Ok(None) => (shape.busy)(),
+            Err(error) => (shape.on_error)(error),
+        }
     }
 }

@@ -35,8 +35,9 @@ fn missing_wait(profile: &str) -> LockError {
     )
 }
 
-/// Default mode with a profile: the attribute's `wait`, else the profile's.
-pub async fn with_profile_lock<R, O, F>(
+/// Default mode with a profile: the attribute's `wait`, else the profile's (the body boxed at
+/// once, as in [`with_lock`]).
+pub fn with_profile_lock<R, O, F>(
     shape: Shape<R>,
     client: Option<LockClient>,
     key: Vec<u8>,
@@ -44,37 +45,43 @@ pub async fn with_profile_lock<R, O, F>(
     overrides: O,
     wait: Option<Duration>,
     body: F,
-) -> R
+) -> impl Future<Output = R>
 where
     O: FnOnce(LockOptions) -> LockOptions,
     F: Future<Output = R>,
 {
-    let (options, profile_wait) = match resolve(profile, overrides) {
-        Ok(resolved) => resolved,
-        Err(error) => return (shape.on_error)(error),
-    };
-    let Some(wait) = wait.or(profile_wait) else {
-        return (shape.on_error)(missing_wait(profile));
-    };
-    with_lock(shape, client, key, options, wait, body).await
+    let body = Box::pin(body);
+    async move {
+        let (options, profile_wait) = match resolve(profile, overrides) {
+            Ok(resolved) => resolved,
+            Err(error) => return (shape.on_error)(error),
+        };
+        let Some(wait) = wait.or(profile_wait) else {
+            return (shape.on_error)(missing_wait(profile));
+        };
+        with_lock(shape, client, key, options, wait, body).await
+    }
 }
 
-/// `try_lock` mode with a profile (its wait is not used).
-pub async fn try_with_profile_lock<R, B, O, F>(
+/// `try_lock` mode with a profile (its wait is not used; the body boxed at once).
+pub fn try_with_profile_lock<R, B, O, F>(
     shape: TryShape<R, B>,
     client: Option<LockClient>,
     key: Vec<u8>,
     profile: &'static str,
     overrides: O,
     body: F,
-) -> R
+) -> impl Future<Output = R>
 where
     O: FnOnce(LockOptions) -> LockOptions,
     F: Future<Output = B>,
 {
-    match resolve(profile, overrides) {
-        Ok((options, _)) => try_with_lock(shape, client, key, options, body).await,
-        Err(error) => (shape.on_error)(error),
+    let body = Box::pin(body);
+    async move {
+        match resolve(profile, overrides) {
+            Ok((options, _)) => try_with_lock(shape, client, key, options, body).await,
+            Err(error) => (shape.on_error)(error),
+        }
     }
 }
 

@@ -295,60 +295,73 @@ where
     }
 }
 
+/// The client a macro call uses: `client`, else the global one (connecting it on first use).
+pub(crate) async fn client_or_global(client: Option<LockClient>) -> Result<LockClient, LockError> {
+    match client.or_else(crate::global::installed) {
+        Some(client) => Ok(client),
+        // Connecting is a large future, boxed so that every `#[locked]` future stays small.
+        None => Box::pin(crate::global::client()).await,
+    }
+}
+
 pub(crate) async fn family(
     client: Option<LockClient>,
     options: LockOptions,
 ) -> Result<crate::Locks<[u8]>, LockError> {
-    let client = match client {
-        Some(client) => client,
-        None => crate::global::client().await?,
-    };
-    client.lock_with::<[u8]>(options)
+    client_or_global(client).await?.lock_with::<[u8]>(options)
 }
 
 /// Default mode: wait up to `wait` for the lock on `key` (the global client unless `client` is
-/// given), run `body`, release. A failed acquisition becomes `Err(E::from(error))`.
-pub async fn with_lock<R, F>(
+/// given), run `body`, release. A failed acquisition becomes `Err(E::from(error))`. The body
+/// is boxed at once, so the returned future is small whatever the body holds (as
+/// [`Locks::with_lock`](crate::Locks::with_lock)'s is).
+pub fn with_lock<R, F>(
     shape: Shape<R>,
     client: Option<LockClient>,
     key: Vec<u8>,
     options: LockOptions,
     wait: Duration,
     body: F,
-) -> R
+) -> impl Future<Output = R>
 where
     F: Future<Output = R>,
 {
-    let locks = match family(client, options).await {
-        Ok(locks) => locks,
-        Err(error) => return (shape.on_error)(error),
-    };
-    match locks.with_lock(&key[..], wait, body).await {
-        Ok(output) => output,
-        Err(error) => (shape.on_error)(error),
+    let body = Box::pin(body);
+    async move {
+        let locks = match family(client, options).await {
+            Ok(locks) => locks,
+            Err(error) => return (shape.on_error)(error),
+        };
+        match locks.with_lock(&key[..], wait, body).await {
+            Ok(output) => output,
+            Err(error) => (shape.on_error)(error),
+        }
     }
 }
 
 /// `try_lock` mode: run `body` under the lock on `key` if it is free now; `Ok(None)` when busy
-/// (the body is not run).
-pub async fn try_with_lock<R, B, F>(
+/// (the body is not run). The body is boxed at once, as in [`with_lock`].
+pub fn try_with_lock<R, B, F>(
     shape: TryShape<R, B>,
     client: Option<LockClient>,
     key: Vec<u8>,
     options: LockOptions,
     body: F,
-) -> R
+) -> impl Future<Output = R>
 where
     F: Future<Output = B>,
 {
-    let locks = match family(client, options).await {
-        Ok(locks) => locks,
-        Err(error) => return (shape.on_error)(error),
-    };
-    match locks.try_with_lock(&key[..], body).await {
-        Ok(Some(output)) => (shape.finished)(output),
-        Ok(None) => (shape.busy)(),
-        Err(error) => (shape.on_error)(error),
+    let body = Box::pin(body);
+    async move {
+        let locks = match family(client, options).await {
+            Ok(locks) => locks,
+            Err(error) => return (shape.on_error)(error),
+        };
+        match locks.try_with_lock(&key[..], body).await {
+            Ok(Some(output)) => (shape.finished)(output),
+            Ok(None) => (shape.busy)(),
+            Err(error) => (shape.on_error)(error),
+        }
     }
 }
 
