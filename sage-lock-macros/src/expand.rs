@@ -341,12 +341,14 @@ pub(crate) fn fallback(args: &Args, func: &ItemFn) -> TokenStream {
     let (ret, ret_span) = declared_return(func);
     let shape_statement = shape_statement(args, &ret, ret_span);
     let edge = edge(args, ret_span);
-    let block = &func.block;
+    // The statements go straight into the async block, as in `generate`: wrapped in their own
+    // braces, a one-expression body would trip `unused_braces`.
+    let stmts = &func.block.stmts;
     let body = quote! {
         #shape_statement
         let _ = async move {
             #edge
-            #block
+            #(#stmts)*
         };
         ::core::unreachable!()
     };
