@@ -1,5 +1,6 @@
 //! Operator tools on a mutex family: who holds a lock, for how long, forced release, and a scan
-//! of the held locks of a namespace (`SCAN` on every primary, never `KEYS`).
+//! of the held locks of a namespace (`SCAN` on every primary, never `KEYS`). They see mutex
+//! locks only, not a read-write lock's or a semaphore's holds (the README says where those are).
 
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
@@ -160,7 +161,8 @@ impl<K: ?Sized> Locks<K> {
         parse_inspect(&reply).map_err(|error| self.backend(context(), error))
     }
 
-    /// Whether some owner holds the lock on `key` now.
+    /// Whether some owner holds the lock on `key` now (the mutex's: a read-write lock or a
+    /// semaphore on the same name is another lock, not seen here).
     ///
     /// ```no_run
     /// # async fn demo(locks: sage_lock::Locks<str>) -> Result<(), sage_lock::LockError> {
