@@ -185,6 +185,47 @@ async fn only_reentrant_calls_reenter() {
     }
 }
 
+/// A waiting call for a lock its own task holds (not reentrant) could only time out: the hold
+/// lasts until the body, which awaits the call, ends. It fails at once, saying so, instead of
+/// waiting the whole wait and then blaming "another owner". It waited (5 s here) and said
+/// "held by another owner for the whole wait". A try still finds the lock busy; a spawned
+/// task (which does not hold it) still waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_a_lock_this_task_holds_fails_at_once() {
+    for kind in ServerKind::ALL {
+        let target = Target::standalone(kind);
+        let client = target.client().await;
+        let plain = client
+            .lock_with::<str>(LockOptions::new().namespace(target.ns("held-by-this-task")))
+            .expect("valid options");
+        let (nested, took, tried) = plain
+            .with_lock("a", Duration::from_secs(1), async {
+                let start = std::time::Instant::now();
+                let nested = plain.with_lock("a", Duration::from_secs(5), async {}).await;
+                let took = start.elapsed();
+                let tried = plain.try_with_lock("a", async {}).await;
+                (nested, took, tried)
+            })
+            .await
+            .expect("outer");
+        let name = kind.name();
+        println!("{name}: {nested:?} after {took:?}");
+        let message = nested
+            .as_ref()
+            .err()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        assert!(
+            matches!(nested, Err(LockError::TimedOut { .. }))
+                && message.contains("this task already holds it")
+                && message.contains("reentrant"),
+            "{name}: {nested:?}"
+        );
+        assert!(took < Duration::from_secs(1), "{name}: it waited {took:?}");
+        assert!(matches!(tried, Ok(None)), "{name}: try: {tried:?}");
+    }
+}
+
 #[derive(Debug)]
 struct AppError(#[allow(dead_code)] LockError);
 
