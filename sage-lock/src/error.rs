@@ -126,6 +126,10 @@ pub enum TimeoutReason {
         /// The pool's size.
         max_connections: usize,
     },
+    /// The calling task holds this lock already (the call is nested in its body) and the
+    /// family is not reentrant: its hold lasts until that body ends, so waiting could only time
+    /// out. Reported at once.
+    HeldByThisTask,
 }
 
 impl fmt::Display for TimeoutReason {
@@ -157,6 +161,11 @@ impl fmt::Display for TimeoutReason {
             TimeoutReason::PoolExhausted { max_connections } => write!(
                 f,
                 "all {max_connections} dedicated connections stayed busy; raise max_connections"
+            ),
+            TimeoutReason::HeldByThisTask => f.write_str(
+                "this task already holds it (the call is nested in its body), so waiting could \
+                 only time out: locks are not reentrant unless LockOptions::reentrant(true), \
+                 with which the nested call runs under the held lock",
             ),
         }
     }

@@ -157,8 +157,8 @@ async fn mixed_keys_namespaces_and_clients() {
     }
 }
 
-/// Without the option a nested call still waits and times out (the default contract), even under
-/// a reentrant outer call.
+/// Without the option a nested call times out (at once: `HeldByThisTask`, see
+/// `a_wait_for_a_lock_this_task_holds_fails_at_once`), even under a reentrant outer call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_reentrant_calls_reenter() {
     for kind in ServerKind::ALL {
@@ -188,8 +188,8 @@ async fn only_reentrant_calls_reenter() {
 /// A waiting call for a lock its own task holds (not reentrant) could only time out: the hold
 /// lasts until the body, which awaits the call, ends. It fails at once, saying so, instead of
 /// waiting the whole wait and then blaming "another owner". It waited (5 s here) and said
-/// "held by another owner for the whole wait". A try still finds the lock busy; a spawned
-/// task (which does not hold it) still waits.
+/// "held by another owner for the whole wait". A try still finds the lock busy. The same for a
+/// nested write; a nested read or semaphore acquire still enters (holders share).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_for_a_lock_this_task_holds_fails_at_once() {
     for kind in ServerKind::ALL {
@@ -216,13 +216,66 @@ async fn a_wait_for_a_lock_this_task_holds_fails_at_once() {
             .map(ToString::to_string)
             .unwrap_or_default();
         assert!(
-            matches!(nested, Err(LockError::TimedOut { .. }))
-                && message.contains("this task already holds it")
+            matches!(
+                nested,
+                Err(LockError::TimedOut {
+                    reason: TimeoutReason::HeldByThisTask,
+                    ..
+                })
+            ) && message.contains("this task already holds it")
                 && message.contains("reentrant"),
             "{name}: {nested:?}"
         );
         assert!(took < Duration::from_secs(1), "{name}: it waited {took:?}");
         assert!(matches!(tried, Ok(None)), "{name}: try: {tried:?}");
+
+        // The same for a writer; readers and a semaphore's holders share, so theirs still
+        // enter.
+        let rw = client
+            .rw_lock_with::<str>(LockOptions::new().namespace(target.ns("held-by-this-task-rw")))
+            .expect("valid options");
+        let write_in_write = rw
+            .write("w", Duration::from_secs(1), async {
+                rw.write("w", Duration::from_secs(5), async {}).await
+            })
+            .await
+            .expect("outer write");
+        assert!(
+            matches!(
+                write_in_write,
+                Err(LockError::TimedOut {
+                    reason: TimeoutReason::HeldByThisTask,
+                    ..
+                })
+            ),
+            "{name}: write in write: {write_in_write:?}"
+        );
+        let read_in_read = rw
+            .read("r", Duration::from_secs(1), async {
+                rw.read("r", Duration::from_secs(1), async { 7 }).await
+            })
+            .await
+            .expect("outer read");
+        assert!(
+            matches!(read_in_read, Ok(7)),
+            "{name}: read in read: {read_in_read:?}"
+        );
+        let two = client
+            .semaphore_with::<str>(
+                2,
+                LockOptions::new().namespace(target.ns("held-by-this-task-sem")),
+            )
+            .expect("valid options");
+        let permit_in_permit = two
+            .acquire("s", Duration::from_secs(1), async {
+                two.acquire("s", Duration::from_secs(1), async { 8 }).await
+            })
+            .await
+            .expect("outer permit");
+        assert!(
+            matches!(permit_in_permit, Ok(8)),
+            "{name}: permit in permit: {permit_in_permit:?}"
+        );
     }
 }
 

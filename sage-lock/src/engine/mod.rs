@@ -166,6 +166,12 @@ pub(crate) trait Rules: Send + Sync + fmt::Debug {
     fn kind(&self) -> &'static str {
         std::any::type_name::<Self>()
     }
+    /// Whether a hold excludes every other hold of its kind on the key (a mutex's, a
+    /// writer's), so that a waiting call nested in its own task's hold could only time out.
+    /// `false` (the default) where holders share (readers, a semaphore's permits).
+    fn exclusive(&self) -> bool {
+        false
+    }
 }
 
 /// One client's engine: its connection state, its renewal scheduler, its local waiters and

@@ -409,6 +409,7 @@ fn error_event(key: &str, error: &LockError) -> Event {
                 TimeoutReason::NotAcknowledged { .. } => "not_acknowledged",
                 TimeoutReason::Unavailable(_) => "unavailable",
                 TimeoutReason::PoolExhausted { .. } => "pool_exhausted",
+                TimeoutReason::HeldByThisTask => "held_by_this_task",
                 _ => "other",
             }
         ),

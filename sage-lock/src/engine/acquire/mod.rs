@@ -62,6 +62,14 @@ pub(crate) async fn acquire(
             reason,
         }
     };
+    if matches!(mode, Mode::Wait(_))
+        && rules.exclusive()
+        && super::reentry::held(engine, &**rules, &keys.lock).is_some()
+    {
+        // Nested in the body of this task's own exclusive hold (a reentrant family ran it under
+        // that hold before coming here), which lasts until the body, awaiting this call, ends.
+        return Err(timed_out(TimeoutReason::HeldByThisTask));
+    }
     let token = new_token(rules.token_prefix());
     // Armed from the first attempt on: an attempt whose reply is lost may still have been granted.
     let mut held = Held {

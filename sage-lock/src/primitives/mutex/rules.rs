@@ -253,6 +253,10 @@ fn release_keys(keys: &LockKeys) -> Vec<Bytes> {
 pub(crate) struct MutexRules;
 
 impl Rules for MutexRules {
+    fn exclusive(&self) -> bool {
+        true
+    }
+
     fn wait_call(
         &self,
         keys: &LockKeys,

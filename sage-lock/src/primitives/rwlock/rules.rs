@@ -385,6 +385,10 @@ impl Rules for ReadRules {
 struct WriteRules;
 
 impl Rules for WriteRules {
+    fn exclusive(&self) -> bool {
+        true
+    }
+
     fn wait_call(
         &self,
         keys: &LockKeys,
