@@ -150,10 +150,14 @@ async fn acquire_all(
                 }
                 Ok(Err(mut error)) => {
                     taken.release().await;
-                    // A later unit's wait began after the earlier units were taken: the
-                    // caller waited since this call began.
-                    if let LockError::TimedOut { waited, .. } = &mut error {
+                    if let LockError::TimedOut { waited, key, .. } = &mut error {
+                        // A later unit's wait began after the earlier units were taken: the
+                        // caller waited since this call began.
                         *waited = start.elapsed();
+                        // The unit's round trip does not say which of its keys was busy.
+                        if unit.parts.len() > 1 {
+                            *key = one_of(&unit.parts);
+                        }
                     }
                     return Err(error);
                 }
@@ -177,6 +181,23 @@ async fn acquire_all(
         }
         return Ok(Some(taken));
     }
+}
+
+/// How a timeout names a unit of several keys: `one of a, b, c` (at most [`NAMED`] of them,
+/// then how many more).
+fn one_of(parts: &[Arc<LockKeys>]) -> String {
+    /// How many keys a timeout lists.
+    const NAMED: usize = 8;
+    let mut named = parts
+        .iter()
+        .take(NAMED)
+        .map(|part| part.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if parts.len() > NAMED {
+        named.push_str(&format!(" and {} more", parts.len() - NAMED));
+    }
+    format!("one of {named}")
 }
 
 async fn release_all(helds: Vec<Held>) {

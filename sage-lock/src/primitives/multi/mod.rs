@@ -93,9 +93,10 @@ impl<K: ?Sized> Locks<K> {
     ///
     /// # Errors
     /// - [`LockError::InvalidArgument`]: `keys` is empty or `wait_timeout` is zero.
-    /// - [`LockError::TimedOut`]: not all acquired within the wait. It names the key of the
-    ///   round trip that was busy: in a cluster a key of the busy slot, elsewhere the caller's
-    ///   first key.
+    /// - [`LockError::TimedOut`]: not all acquired within the wait. It names the keys of the
+    ///   round trip that was busy (all keys on a standalone or replicated deployment, the busy
+    ///   slot's in a cluster): `one of a, b, c` (at most 8 named, then how many more) for
+    ///   several, the key alone for one.
     /// - [`LockError::LockLost`], [`LockError::Backend`]: as for [`Locks::with_lock`].
     ///
     /// ```no_run
