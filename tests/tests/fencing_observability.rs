@@ -300,12 +300,18 @@ async fn events_and_metrics_fire() {
             )
             .await
             .expect("lock");
-        // busy retries + timeout
+        // busy retries + timeout: from another task (one nested in the holder's own task fails
+        // at once, see `reentrancy`)
         let timed_out = locks
             .with_lock("obs", Duration::from_secs(1), async {
-                locks
-                    .with_lock("obs", Duration::from_millis(100), async {})
-                    .await
+                let other_task = locks.clone();
+                tokio::spawn(async move {
+                    other_task
+                        .with_lock("obs", Duration::from_millis(100), async {})
+                        .await
+                })
+                .await
+                .expect("waiting task")
             })
             .await
             .expect("outer");
