@@ -58,10 +58,12 @@ pub(crate) fn classify(error: &Error) -> Failure {
                         .is_none_or(|c| c == ' ')
             });
             // fred reports a command it could not send (disconnected, max attempts 1) this way,
-            // and a cluster routing refresh that got no usable `CLUSTER SLOTS` (a failover).
+            // a cluster routing refresh that got no usable `CLUSTER SLOTS`, and a node it
+            // connected to whose `CLUSTER INFO` state is not `ok` (both: a failover).
             let unsent = details.starts_with("Failed to route")
                 || details.starts_with("Too many failed write attempts")
                 || details.starts_with("Invalid or missing CLUSTER SLOTS")
+                || details.starts_with("Invalid or missing cluster state")
                 || details.contains("connection");
             if is_transient || unsent {
                 Failure::Transient
