@@ -177,6 +177,11 @@ mod tests {
             "CLUSTERDOWN The cluster is down",
             "CLUSTERDOWN Hash slot not served",
             "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+            // A script that reached a key of a slot being migrated away which is no longer
+            // here (an `ASK` for a script): chaos, cluster Redis, seed 1338, one acquisition
+            // returned `Backend` with it.
+            "ERR Script attempted to access a non local key in a cluster node script: \
+             6b6b61e6e239775237da93ebd39984b853fc42ab, on @user_script:84.",
         ] {
             assert_eq!(
                 classify(&Error::new(ErrorKind::Unknown, text)),
