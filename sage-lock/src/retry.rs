@@ -65,7 +65,11 @@ pub(crate) fn classify(error: &Error) -> Failure {
                 || details.starts_with("Invalid or missing CLUSTER SLOTS")
                 || details.starts_with("Invalid or missing cluster state")
                 || details.contains("connection");
-            if is_transient || unsent {
+            // A script's `ASK`: it reached a key of a slot being migrated away that is no longer
+            // on this node. The attempt is retried (with its token, as a lost reply is) until
+            // the migration ends.
+            let migrating = details.starts_with("ERR Script attempted to access a non local key");
+            if is_transient || unsent || migrating {
                 Failure::Transient
             } else {
                 Failure::Permanent
