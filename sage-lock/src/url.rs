@@ -171,6 +171,45 @@ mod tests {
     }
 
     #[test]
+    fn credentials_stay_hidden_in_malformed_urls_and_query_passwords() {
+        let cases = [
+            (
+                "redis:/user:secretA@127.0.0.1:6379",
+                "redis:/***@127.0.0.1:6379",
+            ),
+            (
+                "redis//user:secretB@127.0.0.1:6379",
+                "redis//***@127.0.0.1:6379",
+            ),
+            ("user:secretD@127.0.0.1:6379", "***@127.0.0.1:6379"),
+            ("redis://u:pw@h:1/0", "redis://***@h:1/0"),
+            (
+                "redis-sentinel://h:1?sentinelServiceName=x&sentinelPassword=secretJ",
+                "redis-sentinel://h:1?sentinelServiceName=x&sentinelPassword=***",
+            ),
+            (
+                "redis+sentinel://h:1?password=secretL",
+                "redis+sentinel://h:1?password=***",
+            ),
+            ("redis://h:1/0?x=a@b", "redis://h:1/0?x=a@b"),
+            ("redis://h:1", "redis://h:1"),
+        ];
+        for (url, shown) in cases {
+            assert_eq!(redact(url), shown, "{url}");
+        }
+        for url in [
+            "redis:/user:secretA@127.0.0.1:6379",
+            "redis//user:secretB@127.0.0.1:6379",
+            "user:secretD@127.0.0.1:6379",
+            "redis-sentinel://127.0.0.1:1?sentinelServiceName=x&sentinelPassword=secretJ&x",
+            "redis-sentinel://127.0.0.1:1?sentinelPassword=secretL",
+        ] {
+            let text = parse_url(url).map_or_else(|err| err.to_string(), |_| String::new());
+            assert!(!text.contains("secret"), "{text}");
+        }
+    }
+
+    #[test]
     fn a_unix_socket_url_is_refused_as_unsupported() {
         let Err(err) = parse_url("redis+unix:///tmp/redis.sock") else {
             panic!("accepted a unix socket URL")
