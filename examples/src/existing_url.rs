@@ -55,17 +55,33 @@ pub fn probe(url: &str) -> Result<(), String> {
     Err(last)
 }
 
-/// `url` with its credentials (between `://` and `@`) replaced by `***`, for printing.
+/// `url` with its credentials (between `://` and `@`, and any query parameter naming a
+/// password) replaced by `***`, for printing.
 #[must_use]
 pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{scheme}://***{}", &rest[at..]),
+    let (url, query) = url
+        .split_once('?')
+        .map_or((url, None), |(url, q)| (url, Some(q)));
+    let mut shown = match url.split_once("://") {
+        Some((scheme, rest)) => match rest.find('/').map_or(rest, |end| &rest[..end]).rfind('@') {
+            Some(at) => format!("{scheme}://***{}", &rest[at..]),
+            None => url.to_owned(),
+        },
         None => url.to_owned(),
+    };
+    if let Some(query) = query {
+        let masked: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((name, _)) if name.to_ascii_lowercase().contains("pass") => {
+                    format!("{name}=***")
+                }
+                _ => pair.to_owned(),
+            })
+            .collect();
+        shown = format!("{shown}?{}", masked.join("&"));
     }
+    shown
 }
 
 #[cfg(test)]
@@ -110,5 +126,9 @@ mod tests {
         assert_eq!(redact("redis://u:pw@h:1/0"), "redis://***@h:1/0");
         assert_eq!(redact("redis://h:1/0?x=a@b"), "redis://h:1/0?x=a@b");
         assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert_eq!(
+            redact("redis-sentinel://h:1?sentinelServiceName=m&sentinelPassword=pw"),
+            "redis-sentinel://h:1?sentinelServiceName=m&sentinelPassword=***"
+        );
     }
 }

@@ -60,14 +60,39 @@ pub(crate) fn parse_url(url: &str) -> Result<Config, LockError> {
     })
 }
 
-/// The URL with any password replaced by `***`.
+/// The URL with its credentials replaced by `***`: the user information before the host (with
+/// or without a well-formed scheme) and the value of every query parameter whose name mentions
+/// a password (`sentinelPassword=`).
 pub(crate) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://***{}", &url[..scheme], &url[at..])
+    let (head, query) = match url.split_once('?') {
+        Some((head, query)) => (head, Some(query)),
+        None => (url, None),
+    };
+    let mut shown = match head.rfind('@') {
+        Some(at) => {
+            let start = head[..at]
+                .find("://")
+                .map(|scheme| scheme + 3)
+                .or_else(|| head[..at].rfind('/').map(|slash| slash + 1))
+                .unwrap_or(0);
+            format!("{}***{}", &head[..start], &head[at..])
         }
-        _ => url.to_owned(),
+        None => head.to_owned(),
+    };
+    if let Some(query) = query {
+        let parameters: Vec<String> = query
+            .split('&')
+            .map(|parameter| match parameter.split_once('=') {
+                Some((name, _)) if name.to_ascii_lowercase().contains("pass") => {
+                    format!("{name}=***")
+                }
+                _ => parameter.to_owned(),
+            })
+            .collect();
+        shown.push('?');
+        shown.push_str(&parameters.join("&"));
     }
+    shown
 }
 
 pub(crate) fn describe(config: &Config) -> String {
