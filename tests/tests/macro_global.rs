@@ -64,3 +64,16 @@ fn global_client_installed_with_service_defaults() {
 fn no_global_client_is_a_clear_error() {
     run_scenario("without-client", &[]);
 }
+
+/// A malformed `SAGE_LOCK_URL` (a password in it) or an empty one: the error names the
+/// variable and never prints the password.
+#[test]
+fn a_bad_sage_lock_url_is_named_without_its_password() {
+    for url in [
+        "redis:/user:hunter2@127.0.0.1:6379",
+        "",
+        "redis://127.0.0.1:1?sentinelPassword=hunter2",
+    ] {
+        run_scenario("bad-url", &[(URL_VARIABLE, url.to_owned())]);
+    }
+}

@@ -3,7 +3,7 @@
 //! `SAGE_LOCK_URL`) and exits non-zero if it fails. The global client and defaults can be set only
 //! once per process, so each scenario needs a process of its own.
 //!
-//! Usage: `global_scenarios <from-url | installed | without-client | runtimes>`.
+//! Usage: `global_scenarios <from-url | installed | without-client | bad-url | runtimes>`.
 
 use std::time::Duration;
 
@@ -86,6 +86,51 @@ async fn connects_from_sage_lock_url() {
 
     // Installing after the lazy connect is refused: the first client stays.
     assert!(global::install(hand_client).is_err());
+
+    // Defaults set after a call used the built-in ones are refused: a later call in another
+    // namespace would not exclude the holders of the first (a holder here keeps its lock).
+    let (release, holder) = harness::hold_by_hand(
+        &global::client()
+            .await
+            .expect("global client")
+            .lock_with::<String>(LockOptions::new().namespace("lock"))
+            .expect("options"),
+        "defaults:2",
+    )
+    .await;
+    match global::set_defaults(ServiceDefaults::new().namespace("late")) {
+        Err(error @ LockError::InvalidArgument { .. }) => {
+            let message = error.to_string();
+            assert!(
+                message.contains("already") && message.contains("start-up"),
+                "{message}"
+            );
+        }
+        other => panic!("set_defaults after first use must be refused, got {other:?}"),
+    }
+    assert!(
+        with_defaults(2).await.expect("try").is_none(),
+        "the defaults in use stay: the lock held in namespace lock is busy"
+    );
+    let _ = release.send(());
+    holder.await.expect("holder");
+}
+
+/// A `SAGE_LOCK_URL` that is malformed (with a password in it) or empty: the error names the
+/// variable and hides the password.
+async fn a_bad_sage_lock_url() {
+    let url = std::env::var(global::URL_VARIABLE).expect("SAGE_LOCK_URL is set by the parent");
+    let error = global_try(1)
+        .await
+        .map(|_| ())
+        .expect_err("a bad SAGE_LOCK_URL cannot connect");
+    let AppError::Lock(error) = error;
+    let message = error.to_string();
+    assert!(message.contains("SAGE_LOCK_URL"), "{message}");
+    assert!(!message.contains("hunter2"), "{message}");
+    if url.trim().is_empty() {
+        assert!(message.contains("empty"), "{message}");
+    }
 }
 
 async fn installed_client_and_defaults() {
@@ -175,8 +220,9 @@ fn main() {
             "from-url" => connects_from_sage_lock_url().await,
             "installed" => installed_client_and_defaults().await,
             "without-client" => without_a_global_client().await,
+            "bad-url" => a_bad_sage_lock_url().await,
             other => panic!(
-                "unknown scenario {other:?}: from-url | installed | without-client | runtimes"
+                "unknown scenario {other:?}: from-url | installed | without-client | bad-url | runtimes"
             ),
         }
     });
