@@ -67,10 +67,33 @@ pub async fn client() -> Result<LockClient, LockError> {
                      to #[locked]",
                 )
             })?;
-            LockClient::connect(&url).await
+            if url.trim().is_empty() {
+                return Err(LockError::invalid(
+                    URL_VARIABLE,
+                    "SAGE_LOCK_URL is set but empty: set it to the server's URL (e.g. \
+                     redis://127.0.0.1:6379), or call sage_lock::global::install(client) at \
+                     start-up",
+                ));
+            }
+            LockClient::connect(&url).await.map_err(from_the_variable)
         })
         .await
         .cloned()
+}
+
+/// `error` of connecting to the URL in `SAGE_LOCK_URL`, saying where the URL came from.
+fn from_the_variable(error: LockError) -> LockError {
+    match error {
+        LockError::InvalidArgument {
+            argument: "url",
+            message,
+        } => LockError::invalid(URL_VARIABLE, format!("the URL in SAGE_LOCK_URL: {message}")),
+        LockError::Backend { context, source } => LockError::backend(
+            format!("{context} (the global client, from SAGE_LOCK_URL)"),
+            source,
+        ),
+        other => other,
+    }
 }
 
 /// The installed client, if any (no lazy connect).

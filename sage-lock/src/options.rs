@@ -118,7 +118,7 @@ impl LockOptions {
     }
 
     pub(crate) fn resolve(self) -> LockSettings {
-        let defaults = defaults();
+        let defaults = defaults_in_use();
         let namespace: Arc<str> = self
             .namespace
             .map_or_else(|| Arc::from(defaults.namespace.as_str()), Arc::from);
@@ -248,23 +248,30 @@ impl ServiceDefaults {
     }
 }
 
-/// Sets the service-wide defaults, once. Lock families created earlier keep what they resolved.
-/// See the [module example](crate::global).
+/// Sets the service-wide defaults, once, at start-up: before any lock family is created and
+/// before the first `#[locked]` call, which use the defaults in effect. See the
+/// [module example](crate::global).
 ///
 /// # Errors
-/// [`LockError::InvalidArgument`] for a lease below 30 ms, an empty namespace, or a second call.
+/// [`LockError::InvalidArgument`] for a lease below 30 ms, an empty namespace, a second call, or
+/// a call after a lock family or `#[locked]` call already used the built-in defaults (later
+/// calls would resolve other defaults, another namespace for instance, than the holders
+/// before them, and not exclude them).
 pub fn set_defaults(defaults: ServiceDefaults) -> Result<(), LockError> {
     validate_lease(defaults.lease)?;
     validate_namespace(&defaults.namespace)?;
     DEFAULTS.set(defaults).map_err(|_| {
         LockError::invalid(
             "defaults",
-            "service defaults were already set; set them once, at start-up",
+            "service defaults are already in effect: set_defaults was called before, or a lock \
+             family or #[locked] call already used the built-in ones; call set_defaults once, \
+             at start-up, before any lock is created",
         )
     })
 }
 
-/// The service-wide defaults in effect.
+/// The service-wide defaults in effect (reading them does not fix them; creating a lock
+/// family does).
 ///
 /// ```
 /// assert_eq!(sage_lock::global::defaults().namespace, "lock"); // nothing set: built-in
@@ -274,6 +281,12 @@ pub fn defaults() -> &'static ServiceDefaults {
     DEFAULTS
         .get()
         .unwrap_or_else(|| BUILT_IN.get_or_init(ServiceDefaults::default))
+}
+
+/// The defaults a lock family resolves: from then on they are fixed, and [`set_defaults`]
+/// refuses to change them.
+fn defaults_in_use() -> &'static ServiceDefaults {
+    DEFAULTS.get_or_init(ServiceDefaults::default)
 }
 
 #[cfg(test)]
