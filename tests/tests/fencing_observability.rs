@@ -493,3 +493,63 @@ async fn transient_failures_are_retried(kind: ServerKind, ns: &str) -> sage_lock
     client.quit().await;
     stats
 }
+
+/// A server that is down for a whole wait, or for part of it: the attempts that waited for the
+/// connection to come back count as transient failures, so an outage shows in
+/// `sage_lock_transient_retries_total` and not only as timeouts (which contention also gives).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_counts_as_transient_failures() {
+    for kind in ServerKind::ALL {
+        let server = harness::Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("outage-counted"))
+            .expect("opts");
+        server.kill();
+        let error = locks
+            .with_lock("down", Duration::from_millis(800), async {})
+            .await
+            .expect_err("no server: the wait runs out");
+        assert!(
+            matches!(
+                error,
+                LockError::TimedOut {
+                    reason: sage_lock::TimeoutReason::Unavailable(_),
+                    ..
+                }
+            ),
+            "{}: {error}",
+            kind.name()
+        );
+        let down = client.stats();
+        assert_eq!(down.timeouts, 1, "{}: {down:?}", kind.name());
+        assert!(
+            down.transient_retries >= 1,
+            "{}: a wait spent on a server that is down counted no transient failure: {down:?}",
+            kind.name()
+        );
+
+        // Down when the acquisition starts, back half a second later: acquired, and counted.
+        let acquiring = {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                locks
+                    .with_lock("back", Duration::from_secs(10), async {})
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        server.restart();
+        acquiring
+            .await
+            .expect("acquiring task")
+            .expect("acquired once the server is back");
+        let back = client.stats();
+        assert!(
+            back.transient_retries > down.transient_retries,
+            "{}: a wait that outlasted an outage counted no transient failure: {back:?}",
+            kind.name()
+        );
+        client.quit().await;
+    }
+}
