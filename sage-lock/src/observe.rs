@@ -8,7 +8,7 @@
 //! | `sage_lock_acquisitions_total` | counter | locks acquired |
 //! | `sage_lock_busy_retries_total` | counter | attempts that found the lock held by another owner |
 //! | `sage_lock_handoffs_total` | counter | acquisitions a release handed over on the server (no acquire round trip) |
-//! | `sage_lock_transient_retries_total` | counter | attempts that hit a transient failure |
+//! | `sage_lock_transient_retries_total` | counter | acquisition attempts that hit a transient failure (an error retried, or a connection that was down while the attempt waited) |
 //! | `sage_lock_timeouts_total` | counter | acquisitions that gave up (`TimedOut`) |
 //! | `sage_lock_renewals_total` | counter | successful renewals |
 //! | `sage_lock_renewal_failures_total` | counter | renewal attempts that failed (may recover) |
@@ -39,7 +39,8 @@ pub struct LockStats {
     /// Acquisitions (counted in `acquisitions` too) that a release handed to this client's
     /// queued waiter on the server, so the waiter took the lock without another attempt.
     pub handoffs: u64,
-    /// Attempts that hit a transient failure and were retried.
+    /// Acquisition attempts that hit a transient failure: an error retried, or a connection
+    /// that was down while the attempt waited (an outage counts here as well as in `timeouts`).
     pub transient_retries: u64,
     /// Acquisitions that ended in `TimedOut`.
     pub timeouts: u64,

@@ -221,6 +221,12 @@ impl Connection {
         self.errors.why_down(&self.fred)
     }
 
+    /// Whether the shared connection is down (being re-established): a command sent now waits
+    /// for it.
+    pub(crate) fn is_down(&self) -> bool {
+        !self.fred.is_connected()
+    }
+
     /// The error of a command cut short by the caller's deadline: [`DEADLINE_REACHED`], followed
     /// by why the shared connection is down when it is.
     fn timeout_error(&self) -> Error {

@@ -258,6 +258,14 @@ async fn acquire_loop(
         attempts += 1;
         // Until an answer says otherwise, this attempt may have been granted.
         held.armed = true;
+        // An attempt sent while the connection is down waits for it to come back: it meets a
+        // transient failure whatever its answer (counted once, here).
+        let sent_while_down = client.is_down();
+        if sent_while_down {
+            client
+                .stats
+                .record(&settings.metrics, Event::TransientRetry);
+        }
         // The lease is measured on the real clock (see `crate::lease`).
         let sent = std::time::Instant::now();
         let call = if waiting {
@@ -381,12 +389,20 @@ async fn acquire_loop(
                     return Err(Stop::Failed(error));
                 }
                 if error.details().starts_with(DEADLINE_REACHED) && remaining(deadline).is_zero() {
-                    // Cut short by our own deadline: keep what the previous attempts found.
+                    // Cut short by our own deadline: keep what the previous attempts found. An
+                    // attempt that lost its connection on the way waited for it in vain.
+                    if !sent_while_down && client.is_down() {
+                        client
+                            .stats
+                            .record(&settings.metrics, Event::TransientRetry);
+                    }
                     return Err(timed_out(&found, client));
                 }
-                client
-                    .stats
-                    .record(&settings.metrics, Event::TransientRetry);
+                if !sent_while_down {
+                    client
+                        .stats
+                        .record(&settings.metrics, Event::TransientRetry);
+                }
                 tracing::debug!(%error, "transient failure while acquiring; retrying");
                 found.transient(error.to_string());
             }
