@@ -271,6 +271,19 @@ mod tests {
     }
 
     #[test]
+    fn a_word_is_not_taken_for_a_unit() {
+        for word in ["soon", "garbage", "bad"] {
+            let message = parse_millis(word).map_or_else(|e| e.to_string(), |ms| ms.to_string());
+            assert!(
+                message.starts_with(&format!("`{word}` is not a duration: ")),
+                "{message}"
+            );
+        }
+        let message = parse_millis("sec").map_or_else(|e| e.to_string(), |ms| ms.to_string());
+        assert!(message.contains("\"2s\""), "{message}");
+    }
+
+    #[test]
     fn formats_millis_for_messages() {
         assert_eq!(format_millis(0), "0ms");
         assert_eq!(format_millis(10), "10ms");
