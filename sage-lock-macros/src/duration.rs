@@ -21,6 +21,9 @@ pub(crate) enum DurationError {
     MissingNumber {
         unit: String,
     },
+    NotADuration {
+        word: String,
+    },
     Fraction,
     UnknownUnit {
         unit: String,
@@ -56,6 +59,7 @@ impl fmt::Display for DurationError {
             Self::MissingNumber { unit } => {
                 write!(f, "missing number before `{unit}`: write e.g. \"2{unit}\"")
             }
+            Self::NotADuration { word } => write!(f, "`{word}` is not a duration: {FORMS}"),
             Self::Fraction => write!(
                 f,
                 "fractional durations are not supported: write \"1s500ms\" or \"1500ms\" \
@@ -138,8 +142,14 @@ pub(crate) fn parse_millis(text: &str) -> Result<u64, DurationError> {
                 let ch = after_number.chars().next().unwrap_or(' ');
                 return Err(DurationError::Unexpected { ch });
             }
-            return Err(DurationError::MissingNumber {
-                unit: unit.to_owned(),
+            // A unit alone ("s", "sec") lacks its number; any other word is no duration.
+            return Err(match suggest_unit(unit) {
+                Some(known) => DurationError::MissingNumber {
+                    unit: known.to_owned(),
+                },
+                None => DurationError::NotADuration {
+                    word: unit.to_owned(),
+                },
             });
         }
         if unit.is_empty() {
