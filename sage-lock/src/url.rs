@@ -234,6 +234,56 @@ mod tests {
         }
     }
 
+    /// The message of `url`'s refusal ("accepted" when it parses).
+    fn refusal(url: &str) -> String {
+        parse_url(url).map_or_else(|err| err.to_string(), |_| "accepted".to_owned())
+    }
+
+    #[test]
+    fn surrounding_whitespace_is_ignored_on_both_sides() {
+        assert_eq!(refusal(" redis://127.0.0.1:6379"), "accepted");
+        assert_eq!(refusal("redis://127.0.0.1:6379\n"), "accepted");
+    }
+
+    #[test]
+    fn a_plus_in_the_scheme_gets_the_dashed_spelling() {
+        let text = refusal("redis+sentinel://127.0.0.1:26379?sentinelServiceName=m");
+        assert!(text.contains("did you mean `redis-sentinel://`"), "{text}");
+        let text = refusal("rediss+cluster://127.0.0.1:7000");
+        assert!(text.contains("did you mean `rediss-cluster://`"), "{text}");
+    }
+
+    #[test]
+    fn query_parameters_fred_would_ignore_are_refused() {
+        let text = refusal("redis://127.0.0.1:6379?foo=bar");
+        assert!(
+            text.contains("unknown URL parameter `foo`") && text.contains("sentinelServiceName"),
+            "{text}"
+        );
+        let text = refusal("redis-sentinel://127.0.0.1:26379?sentinelservicename=m");
+        assert!(
+            text.contains("did you mean `sentinelServiceName`"),
+            "{text}"
+        );
+        let text = refusal(
+            "redis-sentinel://127.0.0.1:26379?sentinelServiceName=m&sentinelPassword=secretX",
+        );
+        assert!(
+            text.contains("sentinelPassword") && text.contains("same") && !text.contains("secretX"),
+            "{text}"
+        );
+        assert_eq!(
+            refusal(
+                "redis-sentinel://u:p@127.0.0.1:26379/1?sentinelServiceName=m&node=127.0.0.1:26380"
+            ),
+            "accepted"
+        );
+        assert_eq!(
+            refusal("redis-cluster://127.0.0.1:7000?node=127.0.0.1:7001&node=127.0.0.1:7002"),
+            "accepted"
+        );
+    }
+
     #[test]
     fn a_unix_socket_url_is_refused_as_unsupported() {
         let Err(err) = parse_url("redis+unix:///tmp/redis.sock") else {
