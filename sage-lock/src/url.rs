@@ -18,7 +18,13 @@ const SCHEMES: [&str; 8] = [
     "rediss-sentinel",
 ];
 
+/// The query parameters fred reads from a URL (its `sentinel-auth` ones excepted: the
+/// Sentinels get the URL's own credentials).
+const PARAMETERS: [&str; 2] = ["node", "sentinelServiceName"];
+
 pub(crate) fn parse_url(url: &str) -> Result<Config, LockError> {
+    // Whitespace around a URL (a configuration file, an environment variable) is no part of it.
+    let url = url.trim();
     let scheme = url.split_once("://").map(|(scheme, _)| scheme);
     if scheme.is_some_and(|scheme| scheme.to_ascii_lowercase().contains("unix")) {
         return Err(LockError::invalid(
@@ -32,16 +38,24 @@ pub(crate) fn parse_url(url: &str) -> Result<Config, LockError> {
         ));
     }
     if !scheme.is_some_and(|scheme| SCHEMES.contains(&scheme.to_ascii_lowercase().as_str())) {
+        let dashed = scheme.map(|scheme| scheme.to_ascii_lowercase().replace('+', "-"));
+        let hint = match dashed {
+            Some(dashed) if SCHEMES.contains(&dashed.as_str()) => {
+                format!(" (did you mean `{dashed}://`?)")
+            }
+            _ => String::new(),
+        };
         return Err(LockError::invalid(
             "url",
             format!(
-                "{} has no supported scheme; expected redis://host:port[/db] (or valkey://, \
+                "{}{hint} has no supported scheme; expected redis://host:port[/db] (or valkey://, \
                  rediss:// for TLS), redis-sentinel://host:port?sentinelServiceName=NAME or \
                  redis-cluster://host:port?node=host2:port2",
                 redact(url)
             ),
         ));
     }
+    check_parameters(url)?;
     if scheme.is_some_and(crate::tls::scheme_uses_tls) {
         // fred builds its rustls configuration for rediss:// from the process-wide provider.
         crate::tls::install_crypto_provider();
@@ -58,6 +72,45 @@ pub(crate) fn parse_url(url: &str) -> Result<Config, LockError> {
             ),
         )
     })
+}
+
+/// Refuses a query parameter fred would silently ignore: an unknown or miscased one, and the
+/// Sentinel credentials (fred sends the URL's own user and password to the Sentinels).
+fn check_parameters(url: &str) -> Result<(), LockError> {
+    let Some((_, query)) = url.split_once('?') else {
+        return Ok(());
+    };
+    for name in query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| pair.split_once('=').map_or(pair, |(name, _)| name))
+    {
+        if PARAMETERS.contains(&name) {
+            continue;
+        }
+        let message = if name.eq_ignore_ascii_case("sentinelUsername")
+            || name.eq_ignore_ascii_case("sentinelPassword")
+        {
+            format!(
+                "`{name}` is not supported: sage-lock sends the URL's own user and password \
+                 (redis-sentinel://user:password@host:port) to the Sentinels too, so give them \
+                 the same credentials, and remove `{name}`"
+            )
+        } else if let Some(known) = PARAMETERS
+            .iter()
+            .find(|known| known.eq_ignore_ascii_case(name))
+        {
+            format!("unknown URL parameter `{name}`: did you mean `{known}`?")
+        } else {
+            format!(
+                "unknown URL parameter `{name}` in {}: the parameters are `node` (more \
+                 addresses of a cluster or of the Sentinels) and `sentinelServiceName`",
+                redact(url)
+            )
+        };
+        return Err(LockError::invalid("url", message));
+    }
+    Ok(())
 }
 
 /// The URL with its credentials replaced by `***`: the user information before the host (with
