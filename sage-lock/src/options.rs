@@ -296,6 +296,19 @@ mod tests {
     /// The bounds `#[locked]` mirrors at compile time (`sage-lock-macros/src/args.rs`, whose
     /// tests pin the same edges): 30 ms and 8760 h are accepted, one millisecond beyond is not.
     #[test]
+    fn a_blank_namespace_is_refused_everywhere() {
+        for blank in ["", " ", "\t\n"] {
+            assert!(validate_namespace(blank).is_err(), "{blank:?}");
+            let profile = crate::profile::Profile::new().namespace(blank);
+            assert!(
+                profile.validate("p").is_err(),
+                "profile namespace {blank:?}"
+            );
+        }
+        assert!(validate_namespace(" padded ").is_ok());
+    }
+
+    #[test]
     fn duration_bounds_match_the_macros() {
         let year = Duration::from_secs(8760 * 3600);
         let ms = Duration::from_millis(1);

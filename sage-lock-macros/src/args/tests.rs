@@ -70,6 +70,11 @@ fn reports_problems_with_fixes() {
     assert!(all[0].contains("replica_ack = false"), "{all:?}");
     let all = messages(quote!(key = id, try_lock, namespace = ""));
     assert!(all[0].contains("cannot be empty"), "{all:?}");
+    let all = messages(quote!(key = id, try_lock, namespace = "  "));
+    assert!(
+        all.first().is_some_and(|m| m.contains("cannot be empty")),
+        "{all:?}"
+    );
     let all = messages(quote!(wait = "1s"));
     assert!(all[0].contains("needs a `key`"), "{all:?}");
     let all = messages(quote!(key = id, profile = ""));

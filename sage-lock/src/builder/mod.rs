@@ -39,6 +39,10 @@ impl LockClient {
     ///   and replicas found through Sentinel
     /// - `redis-cluster://host:port?node=host2:port2`: cluster
     ///
+    /// The query takes `node` (repeatable) and `sentinelServiceName` only; any other parameter
+    /// is refused. The Sentinels get the URL's own user and password. Whitespace around the URL
+    /// is ignored.
+    ///
     /// For a primary with replicas but no Sentinel, use [`LockClient::builder`] and
     /// [`LockClientBuilder::replicated`].
     ///
@@ -375,7 +379,10 @@ impl LockClientBuilder {
         self
     }
 
-    /// Connects and returns the client.
+    /// Connects and returns the client. Without [`url`](LockClientBuilder::url),
+    /// [`config`](LockClientBuilder::config) or
+    /// [`fred_client`](LockClientBuilder::fred_client), it connects to fred's default,
+    /// `redis://127.0.0.1:6379`.
     ///
     /// # Errors
     /// [`LockError::InvalidArgument`] for a bad URL or setting, [`LockError::Backend`] when the

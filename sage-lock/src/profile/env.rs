@@ -212,6 +212,11 @@ mod tests {
                 error.starts_with(&format!("{variable}={value:?}")) && error.contains(problem),
                 "{error}"
             );
+            assert_eq!(
+                error.matches("profile \"p\"").count(),
+                1,
+                "the profile is named once: {error}"
+            );
         }
         let mut clash = Profiles::new()
             .with("a-b", Profile::new())
