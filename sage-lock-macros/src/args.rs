@@ -376,7 +376,7 @@ fn namespace_arg(span: Span, value: Option<Expr>, errors: &mut Errors) -> Option
         return None;
     };
     match as_lit(&value) {
-        Some(Lit::Str(text)) if text.value().is_empty() => {
+        Some(Lit::Str(text)) if text.value().trim().is_empty() => {
             errors.at(
                 text.span(),
                 "`namespace` cannot be empty: give a name such as \"account-updates\", or remove \

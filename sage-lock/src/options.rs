@@ -57,7 +57,7 @@ impl LockOptions {
         self
     }
 
-    /// The namespace: locks in different namespaces never conflict. Must not be empty.
+    /// The namespace: locks in different namespaces never conflict. Must not be empty or blank.
     #[must_use]
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = Some(namespace.into());
@@ -187,10 +187,10 @@ pub(crate) fn validate_hold_at_least(hold_at_least: Duration) -> Result<(), Lock
 }
 
 pub(crate) fn validate_namespace(namespace: &str) -> Result<(), LockError> {
-    if namespace.is_empty() {
+    if namespace.trim().is_empty() {
         return Err(LockError::invalid(
             "namespace",
-            "must not be empty; use a name per kind of resource, e.g. \"account-updates\" (the default is \"lock\")",
+            "must not be empty or blank; use a name per kind of resource, e.g. \"account-updates\" (the default is \"lock\")",
         ));
     }
     Ok(())

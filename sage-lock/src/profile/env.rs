@@ -65,11 +65,13 @@ pub(crate) fn apply(
                 };
                 // The profile was valid before (checked first), so a range error is this
                 // variable's.
-                set(profile, setting, value.trim())
-                    .and_then(|()| profile.validate(name))
-                    .map_err(|problem| {
-                        format!("{variable}={value:?} (profile {name:?}): {problem}")
-                    })?;
+                set(profile, setting, value.trim()).map_err(|problem| {
+                    format!("{variable}={value:?} (profile {name:?}): {problem}")
+                })?;
+                // The range checks name the profile themselves.
+                profile
+                    .validate(name)
+                    .map_err(|problem| format!("{variable}={value:?}: {problem}"))?;
             }
         }
     }

@@ -154,9 +154,13 @@ impl Profile {
                  it and use `#[locked(try_lock)]`"
             ));
         }
-        if self.namespace.as_deref() == Some("") {
+        if self
+            .namespace
+            .as_deref()
+            .is_some_and(|ns| ns.trim().is_empty())
+        {
             return Err(format!(
-                "profile {profile:?}: `namespace` must not be empty; give a name such as \
+                "profile {profile:?}: `namespace` must not be empty or blank; give a name such as \
                  \"account-updates\", or leave it out for the default namespace"
             ));
         }

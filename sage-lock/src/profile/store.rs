@@ -41,8 +41,8 @@ impl ProfileUse {
 inventory::collect!(ProfileUse);
 
 /// Installs the named profiles, once, after applying the environment overrides
-/// (`SAGE_LOCK_PROFILE_<NAME>_LEASE`, `_WAIT`, `_NAMESPACE`, `_REPLICA_ACK`; see
-/// [`Profiles::env_variable`]). Override variables that match no profile are logged at warn.
+/// (`SAGE_LOCK_PROFILE_<NAME>_LEASE`, `_WAIT`, `_NAMESPACE`, `_REPLICA_ACK`, `_HOLD_AT_LEAST`,
+/// `_REENTRANT`; see [`Profiles::env_variable`]). Override variables that match no profile are logged at warn.
 ///
 /// ```no_run
 /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
