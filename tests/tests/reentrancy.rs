@@ -276,6 +276,42 @@ async fn a_wait_for_a_lock_this_task_holds_fails_at_once() {
             matches!(permit_in_permit, Ok(8)),
             "{name}: permit in permit: {permit_in_permit:?}"
         );
+
+        // A write nested in the task's own read (its read keeps the writer out) and a read
+        // nested in its own write (the write keeps readers out) could only time out too.
+        let start = std::time::Instant::now();
+        let write_in_read = rw
+            .read("x", Duration::from_secs(1), async {
+                rw.write("x", Duration::from_secs(5), async {}).await
+            })
+            .await
+            .expect("outer read");
+        let read_in_write = rw
+            .write("y", Duration::from_secs(1), async {
+                rw.read("y", Duration::from_secs(5), async {}).await
+            })
+            .await
+            .expect("outer write");
+        let took = start.elapsed();
+        for (what, nested) in [
+            ("write in read", &write_in_read),
+            ("read in write", &read_in_write),
+        ] {
+            assert!(
+                matches!(
+                    nested,
+                    Err(LockError::TimedOut {
+                        reason: TimeoutReason::HeldByThisTask,
+                        ..
+                    })
+                ),
+                "{name}: {what}: {nested:?} after {took:?}"
+            );
+        }
+        assert!(
+            took < Duration::from_secs(2),
+            "{name}: they waited {took:?}"
+        );
     }
 }
 
