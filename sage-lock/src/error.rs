@@ -127,8 +127,9 @@ pub enum TimeoutReason {
         max_connections: usize,
     },
     /// The calling task holds this lock already (the call is nested in its body) and the
-    /// family is not reentrant: its hold lasts until that body ends, so waiting could only time
-    /// out. Reported at once.
+    /// family is not reentrant, or holds the other kind of a read-write lock (a write nested in
+    /// its read, a read in its write): its hold lasts until that body ends, so waiting could
+    /// only time out. Reported at once.
     HeldByThisTask,
 }
 
@@ -165,7 +166,9 @@ impl fmt::Display for TimeoutReason {
             TimeoutReason::HeldByThisTask => f.write_str(
                 "this task already holds it (the call is nested in its body), so waiting could \
                  only time out: locks are not reentrant unless LockOptions::reentrant(true), \
-                 with which the nested call runs under the held lock",
+                 with which a nested call of the same kind runs under the held lock (a read \
+                 nested in the task's write, or a write in its read, never can: take the write \
+                 lock for the whole body)",
             ),
         }
     }

@@ -166,10 +166,13 @@ pub(crate) trait Rules: Send + Sync + fmt::Debug {
     fn kind(&self) -> &'static str {
         std::any::type_name::<Self>()
     }
-    /// Whether a hold excludes every other hold of its kind on the key (a mutex's, a
-    /// writer's), so that a waiting call nested in its own task's hold could only time out.
-    /// `false` (the default) where holders share (readers, a semaphore's permits).
-    fn exclusive(&self) -> bool {
+    /// Whether a hold of `kind` ([`Rules::kind`]) on the same key keeps this call out for as
+    /// long as it lasts, whoever holds it: a waiting call nested in the calling task's own
+    /// such hold could only time out. `false` (the default) where holders share (readers among
+    /// themselves, a semaphore's permits); a mutex overrides it for its own kind, a writer for
+    /// both kinds of its lock, a reader for the writer's.
+    fn blocked_by(&self, kind: &str) -> bool {
+        let _ = kind;
         false
     }
 }

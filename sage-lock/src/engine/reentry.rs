@@ -56,6 +56,26 @@ pub(crate) fn held(engine: &Arc<Engine>, rules: &dyn Rules, lock: &[u8]) -> Opti
         .flatten()
 }
 
+/// Whether the current task holds, through `engine`, a lock on `lock` of a kind that keeps a
+/// call of `rules`' kind out ([`Rules::blocked_by`]).
+pub(crate) fn blocks(engine: &Arc<Engine>, rules: &dyn Rules, lock: &[u8]) -> bool {
+    HOLDING
+        .try_with(|top| {
+            let mut node = Some(top);
+            while let Some(holding) = node {
+                if std::ptr::eq(holding.engine.as_ptr(), Arc::as_ptr(engine))
+                    && holding.lock == lock
+                    && rules.blocked_by(holding.kind)
+                {
+                    return true;
+                }
+                node = holding.outer.as_ref();
+            }
+            false
+        })
+        .unwrap_or(false)
+}
+
 /// Runs `body` with the lock on `lock`, held under `lease`, added to the current task's holds.
 pub(crate) fn scope<F: Future>(
     engine: &Arc<Engine>,

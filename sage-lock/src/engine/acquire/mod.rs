@@ -62,12 +62,10 @@ pub(crate) async fn acquire(
             reason,
         }
     };
-    if matches!(mode, Mode::Wait(_))
-        && rules.exclusive()
-        && super::reentry::held(engine, &**rules, &keys.lock).is_some()
-    {
-        // Nested in the body of this task's own exclusive hold (a reentrant family ran it under
-        // that hold before coming here), which lasts until the body, awaiting this call, ends.
+    if matches!(mode, Mode::Wait(_)) && super::reentry::blocks(engine, &**rules, &keys.lock) {
+        // Nested in the body of this task's own hold that keeps it out (a reentrant family ran
+        // a call of the same kind under it before coming here), which lasts until the body,
+        // awaiting this call, ends.
         return Err(timed_out(TimeoutReason::HeldByThisTask));
     }
     let token = new_token(rules.token_prefix());

@@ -253,8 +253,8 @@ fn release_keys(keys: &LockKeys) -> Vec<Bytes> {
 pub(crate) struct MutexRules;
 
 impl Rules for MutexRules {
-    fn exclusive(&self) -> bool {
-        true
+    fn blocked_by(&self, kind: &str) -> bool {
+        kind == self.kind()
     }
 
     fn wait_call(

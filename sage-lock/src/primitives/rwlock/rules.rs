@@ -330,6 +330,10 @@ fn release_call(
 struct ReadRules;
 
 impl Rules for ReadRules {
+    fn blocked_by(&self, kind: &str) -> bool {
+        kind == std::any::type_name::<WriteRules>()
+    }
+
     fn wait_call(
         &self,
         keys: &LockKeys,
@@ -385,8 +389,8 @@ impl Rules for ReadRules {
 struct WriteRules;
 
 impl Rules for WriteRules {
-    fn exclusive(&self) -> bool {
-        true
+    fn blocked_by(&self, kind: &str) -> bool {
+        kind == self.kind() || kind == std::any::type_name::<ReadRules>()
     }
 
     fn wait_call(
