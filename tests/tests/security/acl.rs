@@ -220,6 +220,39 @@ async fn every_operation_as(user: &User, servers: &[&Server], replicated: bool) 
     let woke = waiter.await.expect("waiter task").expect("waiter acquired");
     assert!(woke.duration_since(released) < Duration::from_secs(2));
 
+    // A multi-key waiter first in line when a single-key hold ends: the release leaves the key
+    // to it and tells it on its own list (`LPUSH`).
+    let (release, holder) = harness::hold_by_hand(
+        &client
+            .lock_with::<String>(user.options(lease))
+            .expect("options"),
+        "h",
+    )
+    .await;
+    let multi_waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks
+                .with_locks(&["h", "h2"], Duration::from_secs(5), async {
+                    Instant::now()
+                })
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    let _ = release.send(());
+    holder.await.expect("holder");
+    let woke = multi_waiter
+        .await
+        .expect("multi-key waiter task")
+        .expect("multi-key waiter acquired");
+    assert!(
+        woke.duration_since(released) < Duration::from_millis(900),
+        "{url}: the multi-key waiter got the key {:?} after the release (the lease is 1 s)",
+        woke.duration_since(released)
+    );
+
     // Multi-key, semaphore, read-write lock.
     locks
         .with_locks(&["m1", "m2"], Duration::from_secs(2), async {})
