@@ -10,7 +10,7 @@ use sage_lock::{LockClient, LockOptions, Locks};
 /// The commands the README's ACL rule grants, verbatim (the README is checked to contain the
 /// whole rule, see [`readme_documents_the_tested_rule`]).
 pub const ACL_COMMANDS: &str = "-@all +evalsha +eval +get +set +del +exists +incr +pexpire \
-+pttl +pexpiretime +time +type +lindex +lpop +lrem +rpush +zadd +zcard +zcount +zrange +zrem \
++pttl +pexpiretime +time +type +lindex +lpop +lpush +lrem +rpush +zadd +zcard +zcount +zrange +zrem \
 +zremrangebyscore +zscore +spublish +ssubscribe +sunsubscribe +ping +client|id +info +cluster|info +cluster|slots +asking +role +wait +client|unblock +scan";
 
 /// The commands the README's rule for the Sentinels grants (fred sends the data nodes'
