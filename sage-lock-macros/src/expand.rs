@@ -265,7 +265,7 @@ fn generated(
         (None, None) => None,
     };
     let (function, arguments) = if let Some(profile) = &args.profile {
-        // `args` rejects a profile together with `mode`, `permits` or several keys.
+        // `args` rejects a profile together with `mode` or `permits`.
         let call = profile::call(&profile::Call {
             krate: &krate,
             profile,
@@ -273,6 +273,7 @@ fn generated(
             leading: &quote!(#shape, #client_local, #key_local,),
             setters: &setters,
             try_lock: args.try_lock,
+            many,
             wait_millis: args.wait.as_ref().map(|wait| wait.millis),
         });
         let registration = &call.registration;

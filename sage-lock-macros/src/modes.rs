@@ -1,6 +1,6 @@
 //! The arguments that pick another primitive than the mutex: `mode = "read" | "write"` (a
 //! read-write lock), `permits = N` (a semaphore), and their combination rules with `key = [..]`
-//! (which also excludes `reentrant`) and `profile`.
+//! (which also excludes `reentrant`) and `profile` (the mutex only).
 
 use proc_macro2::Span;
 use syn::{Expr, Lit};
@@ -25,18 +25,17 @@ pub(crate) fn check(args: &Args, errors: &mut Errors) {
              `permits` for a semaphore; remove one of them",
         );
     }
-    if let Some(profile) = &args.profile {
+    if args.profile.is_some() {
         let other = args
             .mode
             .map(|(_, span)| (span, "mode"))
-            .or(args.permits.map(|(_, span)| (span, "permits")))
-            .or(matches!(args.key, Some(KeyArg::Many(_))).then(|| (profile.span(), "key = [..]")));
+            .or(args.permits.map(|(_, span)| (span, "permits")));
         if let Some((span, name)) = other {
             errors.at(
                 span,
                 format!(
-                    "`profile` works with the single-key mutex only, not with `{name}`: remove \
-                     `profile` and give `lease`/`namespace`/`wait` explicitly"
+                    "`profile` works with the mutex only (one key or `key = [..]`), not with \
+                     `{name}`: remove `profile` and give `lease`/`namespace`/`wait` explicitly"
                 ),
             );
         }

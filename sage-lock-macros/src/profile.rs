@@ -65,6 +65,8 @@ pub(crate) struct Call<'a> {
     /// The attribute's option setters (`.lease(..)` ...), applied over the profile's options.
     pub(crate) setters: &'a TokenStream,
     pub(crate) try_lock: bool,
+    /// `key = [..]`: all of several keys (`with_locks`), else one key.
+    pub(crate) many: bool,
     /// The attribute's wait, which wins over the profile's.
     pub(crate) wait_millis: Option<u64>,
 }
@@ -85,8 +87,12 @@ pub(crate) fn call(call: &Call<'_>) -> Generated {
         leading,
         setters,
         try_lock,
+        many,
         wait_millis,
     } = call;
+    let noun = if *many { "locks" } else { "lock" };
+    let try_function = format_ident!("try_with_profile_{noun}");
+    let wait_function = format_ident!("with_profile_{noun}");
     let function_name = LitStr::new(
         &syn::ext::IdentExt::unraw(*function_name).to_string(),
         function_name.span(),
@@ -102,7 +108,7 @@ pub(crate) fn call(call: &Call<'_>) -> Generated {
     let overrides = quote!(|#options: #krate::__private::LockOptions| #options #setters);
     let (function, arguments) = if *try_lock {
         (
-            quote!(#krate::__private::try_with_profile_lock),
+            quote!(#krate::__private::#try_function),
             quote!(#leading #profile, #overrides,),
         )
     } else {
@@ -113,7 +119,7 @@ pub(crate) fn call(call: &Call<'_>) -> Generated {
             None => quote!(::core::option::Option::None),
         };
         (
-            quote!(#krate::__private::with_profile_lock),
+            quote!(#krate::__private::#wait_function),
             quote!(#leading #profile, #overrides, #wait,),
         )
     };
@@ -166,6 +172,7 @@ mod tests {
             leading: &quote!(shape, client, key,),
             setters: &quote!(.lease(x)),
             try_lock: false,
+            many: false,
             wait_millis: Some(100),
         });
         let arguments = generated.arguments.to_string();
@@ -175,10 +182,35 @@ mod tests {
             "{arguments}"
         );
         assert!(arguments.contains("from_millis (100u64)"), "{arguments}");
+        assert!(
+            generated
+                .function
+                .to_string()
+                .ends_with(":: with_profile_lock"),
+            "{}",
+            generated.function
+        );
         let registration = generated.registration.to_string();
         assert!(
             registration.contains("ProfileUse :: new (\"accounts\" , \"update\""),
             "{registration}"
+        );
+        let many = call(&Call {
+            krate: &krate,
+            profile: &profile,
+            function_name: &name,
+            leading: &quote!(shape, client, keys,),
+            setters: &quote!(),
+            try_lock: true,
+            many: true,
+            wait_millis: None,
+        });
+        assert!(
+            many.function
+                .to_string()
+                .ends_with(":: try_with_profile_locks"),
+            "{}",
+            many.function
         );
     }
 }

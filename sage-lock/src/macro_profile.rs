@@ -8,6 +8,7 @@ use std::time::Duration;
 pub use crate::profile::store::ProfileUse;
 pub use inventory;
 
+use crate::macro_modes::{try_with_locks, with_locks};
 use crate::macro_support::{Shape, TryShape, try_with_lock, with_lock};
 use crate::profile::env::PREFIX;
 use crate::{LockClient, LockError, LockOptions, Profiles};
@@ -80,6 +81,56 @@ where
     async move {
         match resolve(profile, overrides) {
             Ok((options, _)) => try_with_lock(shape, client, key, options, body).await,
+            Err(error) => (shape.on_error)(error),
+        }
+    }
+}
+
+/// `key = [..]` with a profile, waiting: all of `keys` or none, with the attribute's `wait`,
+/// else the profile's (the body boxed at once).
+pub fn with_profile_locks<R, O, F>(
+    shape: Shape<R>,
+    client: Option<LockClient>,
+    keys: Vec<Vec<u8>>,
+    profile: &'static str,
+    overrides: O,
+    wait: Option<Duration>,
+    body: F,
+) -> impl Future<Output = R>
+where
+    O: FnOnce(LockOptions) -> LockOptions,
+    F: Future<Output = R>,
+{
+    let body = Box::pin(body);
+    async move {
+        let (options, profile_wait) = match resolve(profile, overrides) {
+            Ok(resolved) => resolved,
+            Err(error) => return (shape.on_error)(error),
+        };
+        let Some(wait) = wait.or(profile_wait) else {
+            return (shape.on_error)(missing_wait(profile));
+        };
+        with_locks(shape, client, keys, options, wait, body).await
+    }
+}
+
+/// `key = [..]` with a profile and `try_lock` (the profile's wait is not used).
+pub fn try_with_profile_locks<R, B, O, F>(
+    shape: TryShape<R, B>,
+    client: Option<LockClient>,
+    keys: Vec<Vec<u8>>,
+    profile: &'static str,
+    overrides: O,
+    body: F,
+) -> impl Future<Output = R>
+where
+    O: FnOnce(LockOptions) -> LockOptions,
+    F: Future<Output = B>,
+{
+    let body = Box::pin(body);
+    async move {
+        match resolve(profile, overrides) {
+            Ok((options, _)) => try_with_locks(shape, client, keys, options, body).await,
             Err(error) => (shape.on_error)(error),
         }
     }

@@ -12,9 +12,9 @@
 //!   names is configured. The annotations name only the profile and the key.
 //! - The process-wide client is installed with `sage_lock::global::install`.
 //! - [`Bank::deposit`] locks `account:{account}` with the `accounts` profile (wait 2 s).
-//! - [`Bank::transfer`] needs two accounts: it always locks the lower account id first (two
-//!   nested annotated functions), so two opposite transfers cannot each hold one account while
-//!   waiting for the other.
+//! - [`Bank::transfer`] needs two accounts: `key = ["account:{from}", "account:{to}"]` takes both
+//!   or neither, so two opposite transfers cannot each hold one account while waiting for the
+//!   other; `Lease::fencing_token_of` gives each account's token.
 //! - [`Bank::audit`] uses `try_lock`: it returns `Ok(None)` at once when the account is busy.
 //! - [`Journal::record`] uses its own, non-global client (`client = self.locks`) and the
 //!   `journal` profile.
@@ -187,38 +187,26 @@ impl Bank {
     }
 
     /// Moves money between two accounts while holding both accounts' locks.
-    ///
-    /// Deadlock avoidance: the locks are always taken in the same order, lower account id
-    /// first, whatever the direction of the transfer. (Taking `from` first would let `1 -> 2`
-    /// hold account 1 while `2 -> 1` holds account 2, each waiting for the other until `wait`
-    /// runs out.) `#[locked]` takes one lock per function, so the order is two nested functions.
     async fn transfer(&self, from: u64, to: u64, amount: i64) -> Result<Receipt, AppError> {
         if from == to {
             return Err(AppError::SameAccount(from));
         }
+        self.transfer_locked(from, to, amount).await
+    }
+
+    /// The transfer, under both accounts' locks: `key = [..]` takes all of them or none, in any
+    /// order, without deadlock (`1 -> 2` and `2 -> 1` at once cannot each hold one account and
+    /// wait for the other).
+    #[locked(profile = "accounts", key = ["account:{from}", "account:{to}"])]
+    async fn transfer_locked(&self, from: u64, to: u64, amount: i64) -> Result<Receipt, AppError> {
         let transfer = Transfer { from, to, amount };
-        self.lock_lower(from.min(to), from.max(to), transfer).await
-    }
-
-    #[locked(profile = "accounts", key = "account:{lower}")]
-    async fn lock_lower(
-        &self,
-        lower: u64,
-        higher: u64,
-        transfer: Transfer,
-    ) -> Result<Receipt, AppError> {
-        let lower_token = fencing_token();
-        self.lock_higher(higher, transfer, lower_token).await
-    }
-
-    #[locked(profile = "accounts", key = "account:{higher}")]
-    async fn lock_higher(
-        &self,
-        higher: u64,
-        transfer: Transfer,
-        lower_token: u64,
-    ) -> Result<Receipt, AppError> {
-        let tokens = (lower_token, fencing_token());
+        // Each key's own fencing token (lower account first), for a store that checks them.
+        let token_of = |account: u64| {
+            current_lease()
+                .and_then(|lease| lease.fencing_token_of(&format!("account:{account}")))
+                .unwrap_or(0)
+        };
+        let tokens = (token_of(from.min(to)), token_of(from.max(to)));
         let Transfer { from, to, amount } = transfer;
         // The racy part: read both balances, work, write both back.
         let from_balance = self.balance(from).await?;

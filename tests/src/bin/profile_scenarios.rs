@@ -55,6 +55,19 @@ fn seen() -> Seen {
     (lease.namespace().to_owned(), lease.remaining())
 }
 
+/// Several keys with a profile: all of them or none, with the profile's namespace and wait.
+#[locked(profile = "account-updates", key = ["account:{from}", "account:{to}"])]
+async fn move_between(from: u64, to: u64) -> Result<(Seen, Option<u64>), AppError> {
+    let lease = current_lease().expect("the body runs inside the lock");
+    Ok((seen(), lease.fencing_token_of(&format!("account:{to}"))))
+}
+
+/// The same, trying.
+#[locked(profile = "account-updates", key = ["account:{from}", "account:{to}"], try_lock)]
+async fn move_if_free(from: u64, to: u64) -> Result<Option<Seen>, AppError> {
+    Ok(seen())
+}
+
 /// Everything from the profile (lease overridden by the environment to 7 s).
 #[locked(profile = "account-updates", key = "account:{id}")]
 async fn update_account(id: u64) -> Result<Seen, AppError> {
@@ -195,6 +208,44 @@ async fn from_toml() {
     );
     let _ = release.send(());
     holder.await.expect("holder");
+
+    // Several keys with the profile: its namespace, lease and wait (300 ms) apply to them all.
+    let ((namespace, remaining), token) = move_between(6, 7).await.expect("both free");
+    assert_eq!(namespace, "profile-accounts");
+    assert!(
+        remaining <= Duration::from_secs(7) && remaining > Duration::from_secs(5),
+        "{remaining:?}"
+    );
+    assert!(token.is_some_and(|token| token > 0), "{token:?}");
+    let accounts: Locks<String> = client
+        .lock_with(LockOptions::new().namespace("profile-accounts"))
+        .expect("options");
+    let (release, holder) = harness::hold_by_hand(&accounts, "account:7").await;
+    let start = Instant::now();
+    match move_between(6, 7).await {
+        Err(AppError::Lock(LockError::TimedOut {
+            reason: TimeoutReason::Busy,
+            waited,
+            ..
+        })) => assert!(waited >= Duration::from_millis(290), "{waited:?}"),
+        other => panic!("expected TimedOut(Busy) for a held key, got {other:?}"),
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(
+        move_if_free(7, 6).await.expect("try").is_none(),
+        "one key held: busy"
+    );
+    let _ = release.send(());
+    holder.await.expect("holder");
+    let (namespace, _) = move_if_free(7, 6)
+        .await
+        .expect("try")
+        .expect("both free again");
+    assert_eq!(namespace, "profile-accounts");
 
     // A profile without a wait, in waiting mode.
     let (argument, message) = invalid(without_wait().await);
