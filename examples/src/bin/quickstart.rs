@@ -75,14 +75,19 @@ async fn main() -> anyhow::Result<()> {
         println!("fencing token  -> account 42 acquired with token {token}");
     }
 
-    // Waiting gives up with LockError::TimedOut.
+    // Waiting gives up with LockError::TimedOut: another task waits 200 ms for a lock this
+    // one holds. (A call nested in this task's own hold would fail at once, HeldByThisTask.)
     let waited = accounts
         .with_lock(&9, Duration::from_secs(1), async {
-            accounts
-                .with_lock(&9, Duration::from_millis(200), async {})
-                .await
+            let other = accounts.clone();
+            tokio::spawn(async move {
+                other
+                    .with_lock(&9, Duration::from_millis(200), async {})
+                    .await
+            })
+            .await
         })
-        .await?;
+        .await??;
     match waited {
         Err(error) => println!("timed out      -> {error}"),
         Ok(()) => println!("timed out      -> unexpectedly acquired a held lock"),
