@@ -116,6 +116,18 @@ pub fn report(error: &anyhow::Error) -> String {
     out
 }
 
+/// What an example's `main` returns for `result`: its exit code, or, after printing the error
+/// with [`report`] (each cause once, no backtrace), failure.
+pub fn finish<T: std::process::Termination>(result: anyhow::Result<T>) -> std::process::ExitCode {
+    match result {
+        Ok(value) => value.report(),
+        Err(error) => {
+            eprintln!("error: {}", report(&error));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

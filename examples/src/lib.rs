@@ -20,7 +20,7 @@ pub mod multiprocess;
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
 
-pub use cli::{Usage, flag_value, has_flag, percentile, report};
+pub use cli::{Usage, finish, flag_value, has_flag, percentile, report};
 
 use std::fmt;
 use std::fs;

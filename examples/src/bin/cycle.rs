@@ -9,6 +9,7 @@
 //! sage-lock's own two commands with bare fred ([`sage_lock_examples::floor`]): the difference
 //! to `sage` is sage-lock's own client work.
 
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -26,18 +27,33 @@ const USAGE: Usage<'static> = Usage {
     text: "usage: cargo run -p sage-lock-examples --release --bin cycle -- [--valkey] [--seconds N] [--tasks N] [--subject sage|floor|fred|fred5|rslock]",
 };
 
+/// What `--subject` may name (all of them, in this order, without it).
+const SUBJECTS: [&str; 5] = ["fred", "fred5", "floor", "rslock", "sage"];
+
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    sage_lock_examples::finish(run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
     if !USAGE.check_command_line()? {
         return Ok(());
     }
-    let seconds: u64 = flag_value("--seconds")?.unwrap_or(5);
-    let tasks: usize = flag_value("--tasks")?.unwrap_or(64);
+    let seconds = flag_value::<NonZeroU64>("--seconds")?.map_or(5, NonZeroU64::get);
+    let tasks = flag_value::<NonZeroUsize>("--tasks")?.map_or(64, NonZeroUsize::get);
     let subject: Option<String> = flag_value("--subject")?;
+    if let Some(subject) = subject.as_deref()
+        && !SUBJECTS.contains(&subject)
+    {
+        anyhow::bail!(
+            "--subject {subject}: unknown; one of {}",
+            SUBJECTS.join(", ")
+        );
+    }
     let server = ThrowawayServer::start()?;
     let client = LockClient::connect(server.url()).await?;
     let window = Duration::from_secs(seconds);
-    for name in ["fred", "fred5", "floor", "rslock", "sage"] {
+    for name in SUBJECTS {
         if subject.as_deref().is_some_and(|s| s != name) {
             continue;
         }

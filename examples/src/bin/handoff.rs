@@ -8,6 +8,7 @@
 //! A hand-off costs at least one round trip (the release) plus waking the next owner; the gap's
 //! distribution shows how much more it costs.
 
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -26,12 +27,16 @@ const USAGE: Usage<'static> = Usage {
 };
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    sage_lock_examples::finish(run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
     if !USAGE.check_command_line()? {
         return Ok(());
     }
-    let tasks: usize = flag_value("--tasks")?.unwrap_or(8);
-    let seconds: u64 = flag_value("--seconds")?.unwrap_or(3);
+    let tasks = flag_value::<NonZeroUsize>("--tasks")?.map_or(8, NonZeroUsize::get);
+    let seconds = flag_value::<NonZeroU64>("--seconds")?.map_or(3, NonZeroU64::get);
     let sleep = match flag_value::<String>("--body")?.as_deref() {
         None | Some("spin") => false,
         Some("sleep") => true,

@@ -16,7 +16,11 @@ const USAGE: Usage<'static> = Usage {
 };
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    sage_lock_examples::finish(run().await)
+}
+
+async fn run() -> anyhow::Result<()> {
     if !USAGE.check_command_line()? {
         return Ok(());
     }

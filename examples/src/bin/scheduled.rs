@@ -26,6 +26,7 @@
 //! `scheduled --instance I --url URL --namespace NS --start-ms UNIX_MS --interval-ms MS --ticks N`.
 
 use std::collections::BTreeMap;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::process::{ExitCode, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -55,7 +56,7 @@ impl Schedule {
         Ok(Schedule {
             start_ms: flag_value("--start-ms")?.unwrap_or(start_ms),
             interval,
-            ticks: flag_value("--ticks")?.unwrap_or(3),
+            ticks: flag_value::<NonZeroU64>("--ticks")?.map_or(3, NonZeroU64::get),
             hold_at_least,
         })
     }
@@ -99,7 +100,11 @@ const USAGE: Usage<'static> = Usage {
 };
 
 #[tokio::main]
-async fn main() -> anyhow::Result<ExitCode> {
+async fn main() -> std::process::ExitCode {
+    sage_lock_examples::finish(run().await)
+}
+
+async fn run() -> anyhow::Result<ExitCode> {
     if !USAGE.check_command_line()? {
         return Ok(ExitCode::SUCCESS);
     }
@@ -145,7 +150,7 @@ async fn instance_main(instance: usize) -> anyhow::Result<()> {
 /// Starts the instances and checks that every tick ran exactly once.
 async fn parent_main() -> anyhow::Result<ExitCode> {
     let server = ThrowawayServer::start()?;
-    let instances: usize = flag_value("--instances")?.unwrap_or(3);
+    let instances = flag_value::<NonZeroUsize>("--instances")?.map_or(3, NonZeroUsize::get);
     // Tick 0 a second from now: time for the instances to start and connect.
     let schedule = Schedule::from_args(now_ms() + 1_000)?;
     println!(

@@ -389,7 +389,11 @@ const USAGE: Usage<'static> = Usage {
 };
 
 #[tokio::main]
-async fn main() -> anyhow::Result<ExitCode> {
+async fn main() -> std::process::ExitCode {
+    sage_lock_examples::finish(run().await)
+}
+
+async fn run() -> anyhow::Result<ExitCode> {
     if !USAGE.check_command_line()? {
         return Ok(ExitCode::SUCCESS);
     }
