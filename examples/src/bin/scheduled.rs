@@ -119,6 +119,13 @@ async fn instance_main(instance: usize) -> anyhow::Result<()> {
     let url: String = flag_value("--url")?.context("--url is required with --instance")?;
     let namespace: String = flag_value("--namespace")?.unwrap_or_else(|| "scheduled".into());
     let schedule = Schedule::from_args(now_ms())?;
+    // The parent holds our stdin open while it lives: stop when it goes away, however it ends
+    // (killed, interrupted), instead of running on alone.
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+        eprintln!("instance {instance}: the parent process went away; stopping");
+        std::process::exit(3);
+    });
     let client = LockClient::connect(&url).await?;
     let jobs = client.lock_with::<str>(
         LockOptions::new()
@@ -169,6 +176,7 @@ async fn parent_main() -> anyhow::Result<ExitCode> {
             .args(["--instance", &instance.to_string(), "--url", server.url()])
             .args(["--namespace", &namespace])
             .args(schedule.args())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .kill_on_drop(true);
         children.push(command.spawn().context("starting an instance")?);
