@@ -33,7 +33,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context as _, bail};
 use rand::Rng as _;
 use sage_lock::{LockClient, LockOptions, current_lease};
-use sage_lock_examples::{ThrowawayServer, Usage, flag_value};
+use sage_lock_examples::{ThrowawayServer, Usage, flag_value, has_flag};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 /// The schedule every instance follows.
@@ -85,7 +85,7 @@ fn now_ms() -> u64 {
 
 /// What this binary's command line may hold.
 const USAGE: Usage<'static> = Usage {
-    flags: &["--valkey"],
+    flags: &["--valkey", "--watch-parent"],
     valued: &[
         "--interval-ms",
         "--hold-ms",
@@ -119,13 +119,16 @@ async fn instance_main(instance: usize) -> anyhow::Result<()> {
     let url: String = flag_value("--url")?.context("--url is required with --instance")?;
     let namespace: String = flag_value("--namespace")?.unwrap_or_else(|| "scheduled".into());
     let schedule = Schedule::from_args(now_ms())?;
-    // The parent holds our stdin open while it lives: stop when it goes away, however it ends
-    // (killed, interrupted), instead of running on alone.
-    std::thread::spawn(move || {
-        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
-        eprintln!("instance {instance}: the parent process went away; stopping");
-        std::process::exit(3);
-    });
+    // Started by the parent (`--watch-parent`), which holds our stdin open while it lives:
+    // stop when it goes away, however it ends (killed, interrupted), instead of running on
+    // alone. An instance started otherwise (by hand, by a test) runs its ticks.
+    if has_flag("--watch-parent") {
+        std::thread::spawn(move || {
+            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+            eprintln!("instance {instance}: the parent process went away; stopping");
+            std::process::exit(3);
+        });
+    }
     let client = LockClient::connect(&url).await?;
     let jobs = client.lock_with::<str>(
         LockOptions::new()
@@ -174,7 +177,7 @@ async fn parent_main() -> anyhow::Result<ExitCode> {
         let mut command = tokio::process::Command::new(&exe);
         command
             .args(["--instance", &instance.to_string(), "--url", server.url()])
-            .args(["--namespace", &namespace])
+            .args(["--namespace", &namespace, "--watch-parent"])
             .args(schedule.args())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
