@@ -255,6 +255,13 @@ impl Connection {
     /// it, such as the subscriber).
     pub(crate) async fn quit_shared(&self) {
         let _ = tokio::time::timeout(Duration::from_secs(1), self.fred.quit()).await;
+        // Quit once: dropping the last handle then only ends the task (a second `QUIT` while
+        // the first one winds down makes fred warn "Skip command ... after calling quit").
+        if let Ok(mut task) = self.task.lock()
+            && let Some(task) = task.take()
+        {
+            task.abort();
+        }
     }
 
     /// Runs a release-like call (no acknowledgement needed) on the current primary: on the
