@@ -189,14 +189,25 @@ pub async fn primitives_time_out(target: &Target) {
     let client = target.client().await;
     for subject in Subject::all(target, &client, "p-timeout", Duration::from_secs(5)) {
         let name = subject.name();
-        let ran = AtomicBool::new(false);
+        let ran = Arc::new(AtomicBool::new(false));
         let wait = Duration::from_millis(300);
         let started = Instant::now();
+        // The waiter is another task: nested in the conflicting holder's own task, a read in
+        // its write (or a write in its read) would fail at once (`HeldByThisTask`).
         let result = subject
             .hold_against("busy", async {
-                subject
-                    .hold("busy", wait, async { ran.store(true, Ordering::SeqCst) })
-                    .await
+                let (waiter, ran) = (subject.clone(), Arc::clone(&ran));
+                tokio::spawn(async move {
+                    waiter
+                        .hold(
+                            "busy",
+                            wait,
+                            async move { ran.store(true, Ordering::SeqCst) },
+                        )
+                        .await
+                })
+                .await
+                .expect("waiter task")
             })
             .await
             .expect("conflicting holder");
