@@ -23,6 +23,18 @@ fn resolve(
     Ok((overrides(settings.options()), settings.wait))
 }
 
+/// [`resolve`] for a waiting call: the attribute's `wait`, else the profile's, else an error
+/// naming the fixes.
+fn resolve_waiting(
+    profile: &'static str,
+    overrides: impl FnOnce(LockOptions) -> LockOptions,
+    wait: Option<Duration>,
+) -> Result<(LockOptions, Duration), LockError> {
+    let (options, profile_wait) = resolve(profile, overrides)?;
+    let wait = wait.or(profile_wait).ok_or_else(|| missing_wait(profile))?;
+    Ok((options, wait))
+}
+
 fn missing_wait(profile: &str) -> LockError {
     let variable = Profiles::env_variable(profile, "WAIT");
     debug_assert!(variable.starts_with(PREFIX));
@@ -53,14 +65,10 @@ where
 {
     let body = Box::pin(body);
     async move {
-        let (options, profile_wait) = match resolve(profile, overrides) {
-            Ok(resolved) => resolved,
-            Err(error) => return (shape.on_error)(error),
-        };
-        let Some(wait) = wait.or(profile_wait) else {
-            return (shape.on_error)(missing_wait(profile));
-        };
-        with_lock(shape, client, key, options, wait, body).await
+        match resolve_waiting(profile, overrides, wait) {
+            Ok((options, wait)) => with_lock(shape, client, key, options, wait, body).await,
+            Err(error) => (shape.on_error)(error),
+        }
     }
 }
 
@@ -103,14 +111,10 @@ where
 {
     let body = Box::pin(body);
     async move {
-        let (options, profile_wait) = match resolve(profile, overrides) {
-            Ok(resolved) => resolved,
-            Err(error) => return (shape.on_error)(error),
-        };
-        let Some(wait) = wait.or(profile_wait) else {
-            return (shape.on_error)(missing_wait(profile));
-        };
-        with_locks(shape, client, keys, options, wait, body).await
+        match resolve_waiting(profile, overrides, wait) {
+            Ok((options, wait)) => with_locks(shape, client, keys, options, wait, body).await,
+            Err(error) => (shape.on_error)(error),
+        }
     }
 }
 
