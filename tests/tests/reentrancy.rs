@@ -315,6 +315,87 @@ async fn a_wait_for_a_lock_this_task_holds_fails_at_once() {
     }
 }
 
+/// Whether `result` is the at-once `TimedOut(HeldByThisTask)` naming `key`.
+fn held_by_this_task<T>(result: &Result<T, LockError>, key: &str) -> bool {
+    matches!(
+        result,
+        Err(LockError::TimedOut {
+            reason: TimeoutReason::HeldByThisTask,
+            key: named,
+            ..
+        }) if named == key
+    )
+}
+
+/// A multi-key hold is the task's hold of each of its keys. Nested in `with_locks(["a", "b"])`,
+/// a waiting `with_lock("b")` fails at once (`HeldByThisTask`), so does an overlapping
+/// `with_locks`, and so does a `with_locks` that takes a key nested in the task's own
+/// `with_lock` of it; a try finds the key busy. A reentrant `with_lock("b")` runs at once under
+/// the hold, with b's key and fencing token. Before, the waiting calls waited out their whole
+/// wait (5 s here) and then said "held by another owner", and the reentrant one did too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_nested_in_this_tasks_multi_key_hold() {
+    for kind in ServerKind::ALL {
+        let target = Target::standalone(kind);
+        let client = target.client().await;
+        let name = kind.name();
+        let plain = client
+            .lock_with::<str>(LockOptions::new().namespace(target.ns("held-by-this-task-multi")))
+            .expect("valid options");
+        let start = std::time::Instant::now();
+        let (single, several, tried) = plain
+            .with_locks(&["a", "b"], Duration::from_secs(1), async {
+                let single = plain.with_lock("b", Duration::from_secs(5), async {}).await;
+                let several = plain
+                    .with_locks(&["c", "a"], Duration::from_secs(5), async {})
+                    .await;
+                let tried = plain.try_with_lock("b", async {}).await;
+                (single, several, tried)
+            })
+            .await
+            .expect("outer with_locks");
+        let several_in_single = plain
+            .with_lock("d", Duration::from_secs(1), async {
+                plain
+                    .with_locks(&["e", "d"], Duration::from_secs(5), async {})
+                    .await
+            })
+            .await
+            .expect("outer with_lock");
+        let took = start.elapsed();
+        println!("{name}: {single:?}, {several:?}, {several_in_single:?} in {took:?}");
+        assert!(held_by_this_task(&single, "b"), "{name}: {single:?}");
+        assert!(held_by_this_task(&several, "a"), "{name}: {several:?}");
+        assert!(
+            held_by_this_task(&several_in_single, "d"),
+            "{name}: {several_in_single:?}"
+        );
+        assert!(matches!(tried, Ok(None)), "{name}: try: {tried:?}");
+        assert!(
+            took < Duration::from_secs(3),
+            "{name}: they waited {took:?}"
+        );
+
+        let locks = reentrant(&client, &target.ns("reentrant-multi"));
+        let (outer_b, inner) = locks
+            .with_locks(&["a", "b"], Duration::from_secs(1), async {
+                let outer_b = current_lease()
+                    .and_then(|lease| lease.fencing_token_of("b"))
+                    .expect("b's token");
+                let inner = locks
+                    .with_lock("b", Duration::from_millis(300), async {
+                        current_lease().map(|lease| (lease.key().to_owned(), lease.fencing_token()))
+                    })
+                    .await;
+                (outer_b, inner)
+            })
+            .await
+            .expect("outer reentrant with_locks");
+        let inner = inner.expect("the reentrant call runs at once");
+        assert_eq!(inner, Some(("b".to_owned(), outer_b)), "{name}");
+    }
+}
+
 #[derive(Debug)]
 struct AppError(#[allow(dead_code)] LockError);
 
