@@ -52,6 +52,9 @@ pub struct Lease {
     state: Arc<LeaseState>,
     /// Every key of a several-key hold with its fencing token, in lock order (else `None`).
     parts: Option<Arc<[Part]>>,
+    /// One key of a several-key hold seen on its own (a reentrant call for it): this lease's
+    /// key and fencing token instead of the state's (else `None`).
+    view: Option<Arc<Part>>,
 }
 
 /// One key of a several-key hold and its fencing token.
@@ -91,6 +94,7 @@ impl Lease {
                 ended: AtomicBool::new(false),
             }),
             parts: None,
+            view: None,
         };
         lease.extend_to(valid_until);
         lease
@@ -102,6 +106,17 @@ impl Lease {
         Lease {
             state: self.state,
             parts: Some(parts.into()),
+            view: None,
+        }
+    }
+
+    /// This lease (same state, so it observes the same renewals) as the lease of `keys` alone,
+    /// one key of its several-key hold, with that key's fencing token.
+    pub(crate) fn part(&self, keys: Arc<LockKeys>, fencing_token: u64) -> Self {
+        Lease {
+            state: Arc::clone(&self.state),
+            parts: None,
+            view: Some(Arc::new((keys, fencing_token))),
         }
     }
 
@@ -111,7 +126,9 @@ impl Lease {
     /// noticing (a long pause, a network partition).
     #[must_use]
     pub fn fencing_token(&self) -> u64 {
-        self.state.fencing_token
+        self.view
+            .as_ref()
+            .map_or(self.state.fencing_token, |view| view.1)
     }
 
     /// The fencing token of `key`, spelled as [`Lease::key`] spells it: under
@@ -153,7 +170,10 @@ impl Lease {
     /// The lock key, as text (non-UTF-8 bytes escaped).
     #[must_use]
     pub fn key(&self) -> &str {
-        self.state.keys.display()
+        self.view
+            .as_ref()
+            .map_or(&self.state.keys, |view| &view.0)
+            .display()
     }
 
     /// The lock's namespace.
@@ -286,6 +306,11 @@ mod tests {
         assert_eq!(several.fencing_token_of("b"), Some(3));
         assert_eq!(several.fencing_token_of("c"), None);
         assert!(format!("{several:?}").contains(r#"fencing_tokens: [("a", 7), ("b", 3)]"#));
+        let b = several.part(keys("b"), 3);
+        assert_eq!((b.key(), b.fencing_token()), ("b", 3));
+        assert_eq!(b.fencing_tokens().collect::<Vec<_>>(), [("b", 3)]);
+        several.extend_to(now + Duration::from_secs(5));
+        assert!(b.is_valid(), "a part's lease observes the hold's renewals");
     }
 
     #[test]

@@ -102,7 +102,9 @@ impl LockOptions {
     /// lock and times out).
     ///
     /// The inner body sees the outer [`Lease`](crate::Lease) (same fencing token) and releases
-    /// nothing: the lock is released when the outer call ends. Holding is per task: a task
+    /// nothing: the lock is released when the outer call ends. A
+    /// [`with_locks`](crate::Locks::with_locks) hold holds each of its keys: a reentrant
+    /// `with_lock` of one of them runs under it, with that key's own fencing token. Holding is per task: a task
     /// spawned inside the body does not hold the lock and waits for it like any other caller.
     /// Only the inner (nested) call needs this option.
     ///

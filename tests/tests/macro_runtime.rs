@@ -531,14 +531,24 @@ async fn modes_use_their_primitives() {
 
         let from = format!("acct:{id}");
         let locks = hand_locks(&client, "macro-modes");
+        // Held by another task (nested in this task's own hold, the call fails at once:
+        // `reentrancy::calls_nested_in_this_tasks_multi_key_hold`).
+        let other = client.clone();
         let busy = locks
             .with_lock(&from, Duration::from_secs(1), async {
-                tokio::time::timeout(Duration::from_millis(300), transfer(&client, id, id + 1))
-                    .await
+                tokio::spawn(async move {
+                    tokio::time::timeout(Duration::from_millis(300), transfer(&other, id, id + 1))
+                        .await
+                })
+                .await
+                .expect("transfer task")
             })
             .await
             .expect("hand lock");
-        assert!(busy.is_err(), "transfer ran while one of its keys was held");
+        assert!(
+            busy.is_err(),
+            "transfer ran while one of its keys was held: {busy:?}"
+        );
         let key = transfer(&client, id, id + 1).await.expect("transfer");
         assert_eq!(key, from, "current_lease is the first key's");
     }

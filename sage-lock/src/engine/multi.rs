@@ -13,12 +13,13 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
+use fred::bytes::Bytes;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use super::hold::lease_ran_out;
-use super::{Engine, Held, Mode, Rules, acquire};
+use super::{Engine, Held, Mode, Rules, acquire, reentry};
 use crate::error::{LockError, LossReason, TimeoutReason};
 use crate::key::LockKeys;
 use crate::lease::{Lease, scope};
@@ -121,6 +122,19 @@ async fn acquire_all(
             .unwrap_or_else(|| deadline_after(wait)),
         Mode::Try => start,
     };
+    if matches!(mode, Mode::Wait(_))
+        && let Some(part) = held_by_this_task(engine, units)
+    {
+        // Nested in the body of this task's own hold of one of the keys, which lasts until the
+        // body, awaiting this call, ends.
+        engine.conn.stats.record(&settings.metrics, Event::Timeout);
+        return Err(LockError::TimedOut {
+            key: part.display().to_string(),
+            namespace: settings.namespace.to_string(),
+            waited: start.elapsed(),
+            reason: TimeoutReason::HeldByThisTask,
+        });
+    }
     let mut backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(200));
     'round: loop {
         let mut taken = Taken::default();
@@ -183,6 +197,15 @@ async fn acquire_all(
     }
 }
 
+/// The first key of `units` that a hold of the current task keeps this call out of.
+fn held_by_this_task<'u>(engine: &Arc<Engine>, units: &'u [Unit]) -> Option<&'u Arc<LockKeys>> {
+    units.iter().find_map(|unit| {
+        unit.parts
+            .iter()
+            .find(|part| reentry::blocks(engine, &*unit.rules, &part.lock))
+    })
+}
+
 /// How a timeout names a unit of several keys: `one of a, b, c` (at most [`NAMED`] of them,
 /// then how many more).
 fn one_of(parts: &[Arc<LockKeys>]) -> String {
@@ -226,18 +249,35 @@ async fn hold_all<F: Future>(
         held.hold_at_least = settings.hold_at_least;
     }
     let leases: Vec<Lease> = helds.iter().map(|held| held.lease.clone()).collect();
-    let Some(lease) = leases.get(report).cloned() else {
+    let parts: Vec<(Arc<LockKeys>, u64)> = helds
+        .iter()
+        .zip(units)
+        .flat_map(|(held, unit)| {
+            unit.parts
+                .iter()
+                .map(Arc::clone)
+                .zip(held.part_fences.iter().copied())
+        })
+        .collect();
+    // Each key is held by this task, under its own view of its unit's lease (reentrancy).
+    let mut each_key: Vec<(Bytes, Lease)> = Vec::with_capacity(parts.len());
+    for (held, unit) in helds.iter().zip(units) {
+        for (part, fence) in unit.parts.iter().zip(held.part_fences.iter().copied()) {
+            each_key.push((part.lock.clone(), held.lease.part(Arc::clone(part), fence)));
+        }
+    }
+    let engine = helds.first().map(|held| Arc::clone(&held.engine));
+    let first = (!each_key.is_empty()).then(|| each_key.remove(0));
+    let reported = leases.get(report).cloned();
+    let (Some(lease), Some(unit), Some(engine), Some(first)) =
+        (reported, units.first(), engine, first)
+    else {
         drop(registrations);
         release_all(helds).await;
         return Err(LockError::invalid("keys", "internal: no unit to report"));
     };
-    let parts = helds.iter().zip(units).flat_map(|(held, unit)| {
-        unit.parts
-            .iter()
-            .map(Arc::clone)
-            .zip(held.part_fences.iter().copied())
-    });
-    let body = scope(lease.with_parts(parts.collect()), body);
+    let body = scope(lease.with_parts(parts), body);
+    let body = reentry::scope_all(&engine, &*unit.rules, first, each_key, body);
     let (index, key, reason) = tokio::select! {
         biased;
         lost = first_loss(&mut losses) => lost,

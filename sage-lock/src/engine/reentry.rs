@@ -16,7 +16,8 @@ tokio::task_local! {
     static HOLDING: Arc<Holding>;
 }
 
-/// One lock the current task holds, and the ones it held already when acquiring it.
+/// One hold of the current task (one lock, or the keys of a multi-key hold), and the ones it
+/// held already when acquiring it.
 struct Holding {
     /// The client (its engine) the lock was taken through.
     engine: Weak<Engine>,
@@ -26,14 +27,21 @@ struct Holding {
     lock: Bytes,
     /// The lease the lock is held under.
     lease: Lease,
+    /// The other keys of a multi-key hold, each with its own view of the hold's lease.
+    also: Vec<(Bytes, Lease)>,
     outer: Option<Arc<Holding>>,
 }
 
 impl Holding {
-    fn is(&self, engine: &Arc<Engine>, kind: &str, lock: &[u8]) -> bool {
-        std::ptr::eq(self.engine.as_ptr(), Arc::as_ptr(engine))
-            && self.kind == kind
-            && self.lock == lock
+    /// The lease under which this hold holds `lock` through `engine`, if it does.
+    fn lease_of(&self, engine: &Arc<Engine>, lock: &[u8]) -> Option<&Lease> {
+        if !std::ptr::eq(self.engine.as_ptr(), Arc::as_ptr(engine)) {
+            return None;
+        }
+        std::iter::once((&self.lock, &self.lease))
+            .chain(self.also.iter().map(|(lock, lease)| (lock, lease)))
+            .find(|(held, _)| *held == lock)
+            .map(|(_, lease)| lease)
     }
 }
 
@@ -45,8 +53,10 @@ pub(crate) fn held(engine: &Arc<Engine>, rules: &dyn Rules, lock: &[u8]) -> Opti
         .try_with(|top| {
             let mut node = Some(top);
             while let Some(holding) = node {
-                if holding.is(engine, kind, lock) {
-                    return Some(holding.lease.clone());
+                if holding.kind == kind
+                    && let Some(lease) = holding.lease_of(engine, lock)
+                {
+                    return Some(lease.clone());
                 }
                 node = holding.outer.as_ref();
             }
@@ -63,10 +73,7 @@ pub(crate) fn blocks(engine: &Arc<Engine>, rules: &dyn Rules, lock: &[u8]) -> bo
         .try_with(|top| {
             let mut node = Some(top);
             while let Some(holding) = node {
-                if std::ptr::eq(holding.engine.as_ptr(), Arc::as_ptr(engine))
-                    && holding.lock == lock
-                    && rules.blocked_by(holding.kind)
-                {
+                if rules.blocked_by(holding.kind) && holding.lease_of(engine, lock).is_some() {
                     return true;
                 }
                 node = holding.outer.as_ref();
@@ -84,11 +91,25 @@ pub(crate) fn scope<F: Future>(
     lease: Lease,
     body: F,
 ) -> impl Future<Output = F::Output> {
+    scope_all(engine, rules, (lock, lease), Vec::new(), body)
+}
+
+/// Runs `body` with the locks of one multi-key hold (`first` and `also`, each with its lease)
+/// added to the current task's holds.
+pub(crate) fn scope_all<F: Future>(
+    engine: &Arc<Engine>,
+    rules: &dyn Rules,
+    first: (Bytes, Lease),
+    also: Vec<(Bytes, Lease)>,
+    body: F,
+) -> impl Future<Output = F::Output> {
+    let (lock, lease) = first;
     let holding = Holding {
         engine: Arc::downgrade(engine),
         kind: rules.kind(),
         lock,
         lease,
+        also,
         outer: HOLDING.try_with(Arc::clone).ok(),
     };
     HOLDING.scope(Arc::new(holding), body)

@@ -85,7 +85,12 @@ impl<K: ?Sized> Locks<K> {
     ///
     /// [`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least) applies to every key;
     /// [`LockOptions::reentrant`](crate::LockOptions::reentrant) does not: `with_locks` always
-    /// takes its keys, so inside a hold of one of them it waits for itself until `wait_timeout`.
+    /// takes its keys, so nested in the task's own hold of one of them (a `with_lock`, or
+    /// another `with_locks`) it returns [`TimeoutReason::HeldByThisTask`](crate::TimeoutReason)
+    /// at once, naming that key. The other way round, the hold is the task's hold of each key:
+    /// a `with_lock` of one of them nested in the body fails at once the same way, or with
+    /// `reentrant` runs under the hold, its [`current_lease`](crate::current_lease) showing
+    /// that key and its fencing token.
     ///
     /// [`current_lease`](crate::current_lease) in the body is the lease of the caller's
     /// *first* key (its key and fencing token); every key's fencing counter is incremented, and

@@ -10,7 +10,7 @@ use fred::types::Value;
 
 use crate::engine::{self, Rules};
 use crate::key::LockKeys;
-use crate::primitives::mutex::script_keys;
+use crate::primitives::mutex::{MutexRules, script_keys};
 use crate::renewal::{HoldKind, RenewTarget};
 use crate::retry::{millis, millis_ceil};
 use crate::scripts::{Script, ScriptCall};
@@ -235,6 +235,17 @@ impl UnitRules {
 }
 
 impl Rules for UnitRules {
+    /// The mutex's: a multi-key hold is a mutex hold of each of its keys, so a reentrant
+    /// `with_lock` for one of them runs under it.
+    fn kind(&self) -> &'static str {
+        MutexRules.kind()
+    }
+
+    /// As the mutex: kept out by the task's own hold of any of its keys.
+    fn blocked_by(&self, kind: &str) -> bool {
+        MutexRules.blocked_by(kind)
+    }
+
     /// All parts at once or none; a waiting caller queues on every part's waiter queue.
     fn wait_call(
         &self,

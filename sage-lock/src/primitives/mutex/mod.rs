@@ -14,7 +14,9 @@ use crate::error::LockError;
 use crate::key::{KeyCodec, LockKeys};
 use crate::options::LockSettings;
 
-pub(in crate::primitives) use rules::{MUTEX, SINCE_HORIZON_MS, prune_head, script_keys};
+pub(in crate::primitives) use rules::{
+    MUTEX, MutexRules, SINCE_HORIZON_MS, prune_head, script_keys,
+};
 
 /// A family of locks over keys of type `K` with one lease, namespace and acknowledgement mode.
 ///
