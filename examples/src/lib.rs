@@ -303,6 +303,15 @@ impl ThrowawayServer {
     pub fn is_private(&self) -> bool {
         self.owned.is_some()
     }
+
+    /// Resolves on Ctrl-C when this is the user's server (`SAGE_LOCK_URL`), for the example to
+    /// take its own data off it; never for a throwaway server, which stops on Ctrl-C by itself
+    /// (and exits), taking the data with it.
+    pub async fn interrupted(&self) {
+        if self.is_private() || tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 impl Drop for ThrowawayServer {

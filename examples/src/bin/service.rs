@@ -393,6 +393,20 @@ async fn main() -> std::process::ExitCode {
     sage_lock_examples::finish(run().await)
 }
 
+/// Removes this run's data keys (balances, journal) from the server.
+async fn remove_data(
+    client: &LockClient,
+    bank: &Bank,
+    journal: &Journal,
+    accounts: u64,
+) -> anyhow::Result<()> {
+    let (seq_key, entries_key) = journal.keys();
+    let mut keys: Vec<String> = (0..accounts).map(|a| bank.balance_key(a)).collect();
+    keys.extend([seq_key, entries_key]);
+    let _: i64 = client.fred().del(keys).await?;
+    Ok(())
+}
+
 async fn run() -> anyhow::Result<ExitCode> {
     if !USAGE.check_command_line()? {
         return Ok(ExitCode::SUCCESS);
@@ -460,11 +474,42 @@ async fn run() -> anyhow::Result<ExitCode> {
             ))
         })
         .collect();
-    let mut tally = Tally::default();
-    for worker in workers {
-        tally.add(&worker.await?);
-    }
-    let audits = auditor.await?;
+    let stop: Vec<_> = workers
+        .iter()
+        .map(tokio::task::JoinHandle::abort_handle)
+        .chain([auditor.abort_handle()])
+        .collect();
+    let work = async {
+        let mut tally = Tally::default();
+        for worker in workers {
+            tally.add(&worker.await?);
+        }
+        anyhow::Ok((tally, auditor.await?))
+    };
+    let (tally, audits) = tokio::select! {
+        done = work => done?,
+        () = server.interrupted() => {
+            // Ctrl-C: cancel every task (their locks are released), then take this run's data
+            // off the server, which may be a shared one.
+            for task in stop {
+                task.abort();
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let removed = remove_data(&client, &bank, &journal, accounts).await;
+            journal.locks.quit().await;
+            client.quit().await;
+            match removed {
+                Ok(()) => eprintln!("interrupted: transfers stopped, the run's data removed"),
+                Err(error) => eprintln!(
+                    "interrupted: transfers stopped; could not remove the run's data \
+                     (keys bank:{}:*): {}",
+                    bank.run,
+                    sage_lock_examples::report(&error)
+                ),
+            }
+            return Ok(ExitCode::from(130));
+        }
+    };
     let elapsed = started.elapsed();
 
     // The invariants.
@@ -502,9 +547,7 @@ async fn run() -> anyhow::Result<ExitCode> {
     println!("journal lock  {}", stats_line(&journal.locks.stats()));
 
     // Clean up this run's data keys (the server may be a shared one).
-    let mut keys: Vec<String> = (0..accounts).map(|a| bank.balance_key(a)).collect();
-    keys.extend([seq_key, entries_key]);
-    let _: i64 = client.fred().del(keys).await?;
+    remove_data(&client, &bank, &journal, accounts).await?;
     journal.locks.quit().await;
     client.quit().await;
 

@@ -18,6 +18,34 @@ pub(crate) struct Check {
     pub(crate) fence_regressions: u64,
 }
 
+/// Removes the run's data keys (counters, owner markers, fences) from the server.
+pub(crate) async fn remove_data(
+    client: &LockClient,
+    run: &str,
+    settings: &Settings,
+) -> anyhow::Result<()> {
+    for index in 0..settings.keys {
+        let (counter_key, owner_key, fence_key) = data_keys(run, &key_name(index));
+        let _: i64 = client
+            .fred()
+            .del(vec![counter_key, owner_key, fence_key])
+            .await?;
+    }
+    Ok(())
+}
+
+/// After Ctrl-C: removes the run's data keys from `server`.
+pub(crate) async fn clean_up(
+    server: &ThrowawayServer,
+    run: &str,
+    settings: &Settings,
+) -> anyhow::Result<()> {
+    let client = LockClient::connect(server.url()).await?;
+    remove_data(&client, run, settings).await?;
+    client.quit().await;
+    Ok(())
+}
+
 impl Check {
     pub(crate) async fn new(
         server: &ThrowawayServer,
@@ -29,7 +57,7 @@ impl Check {
         let mut check = Check::default();
         for index in 0..settings.keys {
             let key = key_name(index);
-            let (counter_key, owner_key, fence_key) = data_keys(run, &key);
+            let (counter_key, ..) = data_keys(run, &key);
             let stored: Option<u64> = client.fred().get(&counter_key).await?;
             let reported: u64 = views
                 .iter()
@@ -39,11 +67,8 @@ impl Check {
             let stored = stored.unwrap_or(0);
             check.lost_updates += reported.abs_diff(stored);
             check.counters.insert(key, (stored, reported));
-            let _: i64 = client
-                .fred()
-                .del(vec![counter_key, owner_key, fence_key])
-                .await?;
         }
+        remove_data(&client, run, settings).await?;
         for done in views.iter().filter_map(|v| v.done.as_ref()) {
             check.overlaps += done["overlaps"].as_u64().unwrap_or(0);
             check.fence_regressions += done["fence_regressions"].as_u64().unwrap_or(0);

@@ -197,6 +197,7 @@ async fn parent() -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let tty = std::io::stderr().is_terminal();
     let mut last_line = Instant::now();
+    let mut interrupt = std::pin::pin!(server.interrupted());
     loop {
         let finished = readers.iter().all(tokio::task::JoinHandle::is_finished);
         let snapshot = views.lock().unwrap_or_else(PoisonError::into_inner).clone();
@@ -209,7 +210,30 @@ async fn parent() -> anyhow::Result<ExitCode> {
         if finished {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(if tty { 100 } else { 250 })).await;
+        let tick = Duration::from_millis(if tty { 100 } else { 250 });
+        tokio::select! {
+            () = tokio::time::sleep(tick) => {}
+            () = &mut interrupt => {
+                // Ctrl-C: stop the workers (dropping their tasks kills them), give their last
+                // commands time to land, and take the run's data off the server.
+                for reader in &readers {
+                    reader.abort();
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if tty {
+                    eprintln!();
+                }
+                match check::clean_up(&server, &run, &settings).await {
+                    Ok(()) => eprintln!("interrupted: workers stopped, the run's data removed"),
+                    Err(error) => eprintln!(
+                        "interrupted: workers stopped; could not remove the run's data \
+                         (keys demo:{run}:*): {}",
+                        sage_lock_examples::report(&error)
+                    ),
+                }
+                return Ok(ExitCode::from(130));
+            }
+        }
     }
     if tty {
         eprintln!();
