@@ -143,3 +143,40 @@ fn a_successful_run_is_quiet_on_stderr() {
         assert!(ok && err.is_empty(), "run {run} ({args:?}): stderr {err:?}");
     }
 }
+
+/// Against a server that asks for a client certificate (`tls-auth-clients yes`): without one,
+/// the error says which flags give it; with `--tls-cert` and `--tls-key` the tool connects.
+#[test]
+fn a_client_certificate_is_given_with_flags() {
+    let server = harness::Server::launch(
+        harness::ServerConfig::new(harness::ServerKind::Redis).tls_mutual(),
+    );
+    let certs = server.tls_certs().expect("certificates");
+    let url = server.tls_url();
+    let ca = certs.ca.cert.display().to_string();
+    let (cert, key) = (
+        certs.client_cert.display().to_string(),
+        certs.client_key.display().to_string(),
+    );
+    let (ok, _, err) = locks_cli(&url, "mtls", &["list", "--tls-ca", &ca]);
+    assert!(!ok, "connected without a client certificate");
+    assert!(
+        err.contains("--tls-cert") && err.contains("--tls-key"),
+        "the error does not say how to give a certificate: {err}"
+    );
+    let (ok, out, err) = locks_cli(
+        &url,
+        "mtls",
+        &[
+            "list",
+            "--tls-ca",
+            &ca,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("0 locks held in namespace \"mtls\""), "{out}");
+}
