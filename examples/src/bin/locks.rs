@@ -11,7 +11,8 @@
 //! `KEYS`) and prints a table of the held locks: key, fencing token, lease left, time held.
 //! `show` prints one lock's holder. `unlock` force-releases a lock (the holder's next renewal
 //! fails and its body is cancelled); it is logged at warn by the library with `--by` (default:
-//! `$USER`). `--tls-ca FILE` trusts the CA that signed a `rediss://` server's certificate.
+//! `$USER`). `--tls-ca FILE` trusts the CA that signed a `rediss://` server's certificate;
+//! `--tls-cert FILE --tls-key FILE` present a client certificate (`tls-auth-clients yes`).
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
@@ -20,11 +21,13 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use sage_lock::{HeldLock, HolderInfo, LockClient, LockOptions, Locks};
 
-const USAGE: &str = "usage: locks <list | show KEY | unlock KEY> [--url URL] [--namespace NS] [--by WHO] [--tls-ca FILE]
+const USAGE: &str = "usage: locks <list | show KEY | unlock KEY> [--url URL] [--namespace NS] [--by WHO] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]
   --url        server URL (default: $SAGE_LOCK_URL), e.g. redis://127.0.0.1:6379 or redis-cluster://h:p
   --namespace  the locks' namespace (default: lock)
   --by         who unlocks and why, logged (unlock only; default: $USER)
-  --tls-ca     PEM file of the CA that signed the server's certificate (rediss:// URLs)";
+  --tls-ca     PEM file of the CA that signed the server's certificate (rediss:// URLs)
+  --tls-cert   PEM file of a client certificate, for a server that asks for one (with --tls-key)
+  --tls-key    PEM file of that certificate's private key";
 
 /// What to do.
 #[derive(Debug, PartialEq, Eq)]
@@ -44,11 +47,14 @@ struct Cli {
     namespace: String,
     by: Option<String>,
     tls_ca: Option<String>,
+    /// A client certificate and its key (both given, or neither).
+    tls_client: Option<(String, String)>,
 }
 
 fn parse(args: &[String]) -> anyhow::Result<Cli> {
     let mut positional = Vec::new();
     let (mut url, mut namespace, mut by, mut tls_ca) = (None, None, None, None);
+    let (mut tls_cert, mut tls_key) = (None, None);
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
         let slot = match arg.as_str() {
@@ -56,6 +62,8 @@ fn parse(args: &[String]) -> anyhow::Result<Cli> {
             "--namespace" | "-n" => &mut namespace,
             "--by" => &mut by,
             "--tls-ca" => &mut tls_ca,
+            "--tls-cert" => &mut tls_cert,
+            "--tls-key" => &mut tls_key,
             "-h" | "--help" => {
                 return Ok(Cli {
                     command: Command::Help,
@@ -63,6 +71,7 @@ fn parse(args: &[String]) -> anyhow::Result<Cli> {
                     namespace: String::new(),
                     by: None,
                     tls_ca: None,
+                    tls_client: None,
                 });
             }
             flag if flag.starts_with("--") => bail!("unknown option {flag}\n{USAGE}"),
@@ -83,12 +92,18 @@ fn parse(args: &[String]) -> anyhow::Result<Cli> {
         [] => bail!("no command given\n{USAGE}"),
         other => bail!("cannot understand {other:?}\n{USAGE}"),
     };
+    let tls_client = match (tls_cert, tls_key) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => bail!("--tls-cert and --tls-key go together: give both\n{USAGE}"),
+    };
     Ok(Cli {
         command,
         url,
         namespace: namespace.unwrap_or_else(|| "lock".to_owned()),
         by,
         tls_ca,
+        tls_client,
     })
 }
 
@@ -146,7 +161,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Some(ca) = &cli.tls_ca {
         builder = builder.tls_ca_file(ca);
     }
-    let client = builder.connect().await?;
+    if let Some((cert, key)) = &cli.tls_client {
+        builder = builder.tls_client_cert_file(cert, key);
+    }
+    let client = builder.connect().await.map_err(|error| {
+        // The library's hint names its builder; this tool's user gives the flags.
+        if error.to_string().contains("tls_client_cert") {
+            anyhow::Error::new(error)
+                .context("give the locks tool a client certificate: --tls-cert FILE --tls-key FILE")
+        } else {
+            anyhow::Error::new(error)
+        }
+    })?;
     let locks: Locks<str> =
         client.lock_with(LockOptions::new().namespace(cli.namespace.as_str()))?;
     let namespace = &cli.namespace;
@@ -231,6 +257,9 @@ mod tests {
         assert_eq!(cli.by.as_deref(), Some("alice"));
         let cli = parse(&args("list --tls-ca /etc/ca.pem")).expect("tls");
         assert_eq!(cli.tls_ca.as_deref(), Some("/etc/ca.pem"));
+        let cli = parse(&args("list --tls-cert c.pem --tls-key k.pem")).expect("client cert");
+        assert_eq!(cli.tls_client, Some(("c.pem".into(), "k.pem".into())));
+        assert!(parse(&args("list --tls-cert c.pem")).is_err());
         assert_eq!(cli.namespace, "lock");
         assert!(parse(&args("show")).is_err());
         assert!(parse(&args("list --url")).is_err());
