@@ -276,6 +276,25 @@ async fn a_wait_for_a_lock_this_task_holds_fails_at_once() {
             matches!(permit_in_permit, Ok(8)),
             "{name}: permit in permit: {permit_in_permit:?}"
         );
+        // A semaphore of one holder keeps its own holder out, as a mutex does: at once.
+        let one = client
+            .semaphore_with::<str>(
+                1,
+                LockOptions::new().namespace(target.ns("held-by-this-task-sem1")),
+            )
+            .expect("valid options");
+        let start = std::time::Instant::now();
+        let permit_in_only_permit = one
+            .acquire("s", Duration::from_secs(1), async {
+                one.acquire("s", Duration::from_secs(5), async {}).await
+            })
+            .await
+            .expect("outer permit");
+        let took = start.elapsed();
+        assert!(
+            held_by_this_task(&permit_in_only_permit, "s") && took < Duration::from_secs(1),
+            "{name}: permit in the only permit: {permit_in_only_permit:?} after {took:?}"
+        );
 
         // A write nested in the task's own read (its read keeps the writer out) and a read
         // nested in its own write (the write keeps readers out) could only time out too.

@@ -181,3 +181,31 @@ async fn a_subscriber_cut_short_by_the_deadline_leaves_no_connection() {
         "the abandoned subscriber connection is still open"
     );
 }
+
+/// A release of a read-write lock names several readers, one message each, and this process's
+/// own release reply names the first of them again, possibly after the messages. A reader of
+/// this process named by one of those messages, whose refused attempt returned just before the
+/// release but who watches the channel only after the messages came, still finds its grant.
+/// Before, the channel kept only the last naming: the reader missed its hand-off and entered at
+/// its next poll (about 250 ms later) while a queued writer waited behind it.
+#[tokio::test]
+async fn a_naming_before_the_watch_is_found_after_later_namings() {
+    let notifier = Notifier::new(Client::default());
+    // Another local waiter keeps the channel tracked (subscribed) meanwhile.
+    let _other = notifier.watch(b"{l:a}", Bytes::from_static(b"other"));
+    deliver_message(&notifier.shared, b"{l:a}:released", &"r1:5:200".into());
+    deliver_message(&notifier.shared, b"{l:a}:released", &"late:6:200".into());
+    deliver_message(&notifier.shared, b"{l:a}:released", &"r3:7:200".into());
+    notifier.wake_local(
+        b"{l:a}",
+        b"r1",
+        Some(Grant::new(5, Some(std::time::Instant::now())).with_lease(Duration::from_millis(200))),
+    );
+    let late = notifier.watch(b"{l:a}", Bytes::from_static(b"late"));
+    let woken = tokio::time::timeout(Duration::from_millis(200), late.notified()).await;
+    assert!(woken.is_ok(), "the naming before the watch was lost");
+    assert_eq!(
+        late.take_grant(),
+        Some(Grant::new(6, None).with_lease(Duration::from_millis(200)))
+    );
+}

@@ -183,6 +183,21 @@ async fn writers_are_served_in_arrival_order() {
 /// is refused, and both queues are gone afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_and_writers_are_served_in_arrival_order() {
+    rw_served_in_arrival_order(false).await;
+}
+
+/// The same with every waiter in one client (one process): each waiting call queues on the
+/// server itself. Before, a process's waiters of one key lined up locally, one asking the
+/// server at a time, whatever their kind: writer 1 waited behind reader 0 without queuing, and
+/// the readers of one process never entered together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_and_writers_of_one_process_are_served_in_arrival_order() {
+    rw_served_in_arrival_order(true).await;
+}
+
+/// [`readers_and_writers_are_served_in_arrival_order`], the waiters in one client when
+/// `one_client`.
+async fn rw_served_in_arrival_order(one_client: bool) {
     const BODY: Duration = Duration::from_millis(100);
     let writes = [false, true, false, false, true];
     for kind in ServerKind::ALL {
@@ -190,6 +205,7 @@ async fn readers_and_writers_are_served_in_arrival_order() {
         let ns = ns("fifo-rw", kind);
         let rw = |client: &LockClient| rw_locks(client, &ns);
         let holder = rw(&connect(&server.url()).await);
+        let shared = connect(&server.url()).await;
         let queues: Vec<String> = ["wq", "wd", "rq", "rd"]
             .iter()
             .map(|suffix| format!("{{{ns}:k}}:{suffix}"))
@@ -203,7 +219,11 @@ async fn readers_and_writers_are_served_in_arrival_order() {
         let (release, held) = hold_queued(&Queued::Write(holder.clone()), "k").await;
         let mut entered = Vec::new();
         for (i, write) in (0_i64..).zip(writes) {
-            let waiter = rw(&connect(&server.url()).await);
+            let waiter = if one_client {
+                rw(&shared)
+            } else {
+                rw(&connect(&server.url()).await)
+            };
             entered.push(tokio::spawn(async move {
                 let body = async {
                     let at = Instant::now();
@@ -220,7 +240,11 @@ async fn readers_and_writers_are_served_in_arrival_order() {
             }));
             let start = Instant::now();
             while queued_len() < i + 1 {
-                assert!(start.elapsed() < Duration::from_secs(10), "never queued");
+                assert!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "{}: waiter {i} never queued on the server",
+                    kind.name()
+                );
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }
@@ -494,6 +518,87 @@ async fn a_release_hands_the_lock_to_at_most_32_readers() {
             entered_with > before + 32,
             "{name}: the reader's fencing token {entered_with} comes after the 32 hand-offs' \
              (counter {before} before the release)"
+        );
+    }
+}
+
+/// A process's waiting call never waits behind its own waiters of another primitive on the same
+/// name, nor behind a semaphore waiter that asks for what this call does not need: with the
+/// mutex `k` held by another client and a task of this client waiting for it, this client's
+/// semaphore and read-write lock on `k` (other locks) enter at once; with 1 of the semaphore
+/// `s`'s holders in another client and a task of this client waiting for a 1-holder family's
+/// turn, this client's 4-holder family enters at once. Before, each of them waited out its
+/// whole wait (2 s) behind the local waiter and then said "held by another owner".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_call_does_not_wait_behind_local_waiters_of_other_locks() {
+    for kind in ServerKind::ALL {
+        let name = kind.name();
+        let server = harness::shared(kind);
+        let ns = ns("local-line", kind);
+        let options = || {
+            LockOptions::new()
+                .namespace(ns.as_str())
+                .lease(Duration::from_secs(5))
+        };
+        let other = connect(&server.url()).await;
+        let this = connect(&server.url()).await;
+        let (release, held) = hold(&locks(&other, &ns), "k").await;
+        let waiting = wait_for(&locks(&this, &ns), "k", Duration::from_secs(10));
+        until_queued(server.port(), &ns, "k", 1).await;
+        let start = Instant::now();
+        let permits = this
+            .semaphore_with::<str>(4, options())
+            .expect("options")
+            .acquire("k", Duration::from_secs(2), async { start.elapsed() })
+            .await;
+        let read = rw_locks(&this, &ns)
+            .read("k", Duration::from_secs(2), async { start.elapsed() })
+            .await;
+        println!("{name}: semaphore {permits:?}, read {read:?}");
+        assert!(
+            permits.is_ok_and(|at| at < Duration::from_secs(1)),
+            "{name}: the semaphore on k waited for the mutex's local waiter"
+        );
+        assert!(
+            read.is_ok_and(|at| at < Duration::from_secs(1)),
+            "{name}: the read lock on k waited for the mutex's local waiter"
+        );
+        release.send(()).expect("release");
+        held.await.expect("holder");
+        waiting.await.expect("the mutex waiter");
+
+        let (release, held) = hold_queued(
+            &Queued::Permit(other.semaphore_with(4, options()).expect("options")),
+            "s",
+        )
+        .await;
+        let one = semaphore(&this, &ns);
+        let waiting = tokio::spawn(async move {
+            one.acquire("s", Duration::from_secs(10), async {})
+                .await
+                .expect("the 1-holder waiter")
+        });
+        let start = Instant::now();
+        while sem_queue_len(server.port(), &ns, "s") < 1 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "{name}: never queued"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let start = Instant::now();
+        let four = this
+            .semaphore_with::<str>(4, options())
+            .expect("options")
+            .acquire("s", Duration::from_secs(2), async { start.elapsed() })
+            .await;
+        println!("{name}: 4-holder semaphore {four:?}");
+        release.send(()).expect("release");
+        held.await.expect("holder");
+        waiting.await.expect("the 1-holder waiter");
+        assert!(
+            four.is_ok_and(|at| at < Duration::from_secs(1)),
+            "{name}: the 4-holder family waited behind the 1-holder family's local waiter"
         );
     }
 }
