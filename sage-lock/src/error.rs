@@ -127,8 +127,9 @@ pub enum TimeoutReason {
         max_connections: usize,
     },
     /// The calling task holds this lock already (the call is nested in its body) and the
-    /// family is not reentrant, or holds the other kind of a read-write lock (a write nested in
-    /// its read, a read in its write): its hold lasts until that body ends, so waiting could
+    /// family is not reentrant (a mutex, a write lock, a one-holder semaphore, or a key of the
+    /// task's own `with_locks`), or holds the other kind of a read-write lock (a write nested
+    /// in its read, a read in its write): its hold lasts until that body ends, so waiting could
     /// only time out. Reported at once.
     HeldByThisTask,
 }

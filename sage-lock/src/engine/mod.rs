@@ -118,6 +118,15 @@ pub(crate) trait Rules: Send + Sync + fmt::Debug {
     fn queues(&self) -> bool {
         self.notifies()
     }
+    /// Whether this process's waiting calls of this kind for one key line up locally, one of
+    /// them asking the server at a time ([`crate::engine`]'s `waiters`): right where one holder
+    /// at a time is the rule and every waiter wants the same (the mutex). `false` (the default):
+    /// each waiting call queues on the server itself, so calls that could share (readers, a
+    /// semaphore's holders, families of other limits) and calls of other primitives on the same
+    /// name keep the server's arrival order, within a process too.
+    fn local_line(&self) -> bool {
+        false
+    }
     /// For a primitive whose releases do not name the next owner on the lock's own channel: the
     /// key whose release channel ([`crate::notify::channel`]) its releases publish on while
     /// callers wait, so waiters in any process retry at once instead of at their next poll. A

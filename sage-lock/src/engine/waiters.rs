@@ -1,6 +1,8 @@
 //! Tasks of this process waiting for the same key: one of them (the leader) asks the server,
 //! the others wait their turn here, so a process never keeps more than one task polling the
 //! server per key, and its tasks queue on the server one at a time behind other processes'.
+//! Only for primitives whose waiting calls line up ([`Rules::local_line`](super::Rules):
+//! the mutex); the others' calls each queue on the server.
 //!
 //! The leader hands over as soon as it is granted (or gives up), so the next local task joins
 //! the server's queue while the lock is held. Leadership passes in arrival order: a task that

@@ -1,6 +1,6 @@
 //! The channels a process watches and the waiters on each: who a release message wakes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,6 +12,10 @@ use super::message::Grant;
 
 /// How long a channel stays subscribed after its last local waiter left.
 pub(super) const LINGER: Duration = Duration::from_secs(2);
+
+/// How many of a channel's latest namings it remembers ([`Channel::recent`]): more than one
+/// release names (a read-write lock's hands over to at most 32 readers at once).
+const RECENT: usize = 64;
 
 /// Every channel this process watches, by name.
 #[derive(Debug, Default)]
@@ -25,11 +29,13 @@ pub(super) struct Channel {
     /// The local tasks that wait on the server for this key (usually one: a process leaves the
     /// server to one task per key; a caller of several keys watches each of its keys).
     pub(super) watchers: Vec<Watcher>,
-    /// The head the last message (or this process's own release) named, with its grant: a
-    /// waiter that registers just after its message came (between its attempt's reply and its
-    /// [`Notifier::watch`](super::Notifier::watch)) still finds it, and [`deliver`] tells by it
-    /// the second report of one release (its reply and its message) from a later release.
-    pub(super) last: Option<(Bytes, Option<Grant>)>,
+    /// The heads the latest messages (and this process's own releases) named, with their
+    /// grants, oldest first, at most [`RECENT`]: a waiter that registers just after its message
+    /// came (between its attempt's reply and its [`Notifier::watch`](super::Notifier::watch))
+    /// still finds it, though later messages named others (a release that lets several readers
+    /// in names each), and [`deliver`] tells by them the second report of one release (its
+    /// reply and its message) from a later release.
+    pub(super) recent: VecDeque<(Bytes, Option<Grant>)>,
     /// Confirmed by the server (and not lost to a reconnect since).
     pub(super) subscribed: bool,
     /// An `SSUBSCRIBE` for it was sent on the current subscriber connection, confirmed or not
@@ -97,19 +103,39 @@ pub(super) fn deliver(shared: &Shared, channel: &[u8], head: &[u8], grant: Optio
             return;
         }
         let fence = grant.map(|g| g.fence);
-        if entry
-            .last
-            .as_ref()
-            .is_some_and(|(last, last_grant)| last == head && last_grant.map(|g| g.fence) == fence)
-        {
+        let same = |(named, named_grant): &(Bytes, Option<Grant>)| {
+            named == head && named_grant.map(|g| g.fence) == fence
+        };
+        // A grant's fence names one release; a naming without one is told only from the
+        // channel's previous naming.
+        let twin = match fence {
+            Some(_) => entry.recent.iter().any(same),
+            None => entry.recent.back().is_some_and(same),
+        };
+        if twin {
             return;
         }
         for watcher in entry.watchers.iter_mut().filter(|w| w.token == head) {
             watcher.grant = grant;
             watcher.wake.notify_one();
         }
-        entry.last = Some((Bytes::copy_from_slice(head), grant));
+        if entry.recent.len() == RECENT {
+            entry.recent.pop_front();
+        }
+        entry
+            .recent
+            .push_back((Bytes::copy_from_slice(head), grant));
     }
+}
+
+/// The grant the latest naming of `token` on `entry` handed it, if a recent message named it.
+pub(super) fn named_recently(entry: &Channel, token: &[u8]) -> Option<Option<Grant>> {
+    entry
+        .recent
+        .iter()
+        .rev()
+        .find(|(named, _)| named == token)
+        .map(|(_, grant)| *grant)
 }
 
 pub(super) fn wake_all(shared: &Shared) {

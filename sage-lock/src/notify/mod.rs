@@ -43,6 +43,7 @@ use tokio::time::Instant;
 
 use channels::{
     Channel, Shared, Watcher, deliver, forget_subscriptions, is_subscribed, mark_requested,
+    named_recently,
 };
 use listener::spawn_listener;
 pub(crate) use message::{Grant, channel};
@@ -108,16 +109,14 @@ impl Notifier {
         if let Ok(mut channels) = self.shared.channels.lock() {
             let entry = channels.entry(channel.clone()).or_insert_with(|| Channel {
                 watchers: Vec::new(),
-                last: None,
+                recent: std::collections::VecDeque::new(),
                 subscribed: false,
                 requested: false,
                 idle_since: Instant::now(),
             });
             let mut grant = None;
-            if let Some((head, last_grant)) = &entry.last
-                && *head == token
-            {
-                grant = *last_grant;
+            if let Some(named) = named_recently(entry, &token) {
+                grant = named;
                 wake.notify_one();
             }
             entry.watchers.push(Watcher {

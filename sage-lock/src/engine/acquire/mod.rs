@@ -231,8 +231,10 @@ async fn acquire_loop(
     // A replica-acknowledged waiter confirms a handed-off grant with an attempt of its own (its
     // WAIT then covers the grant); others take it as it comes.
     let confirm_handoffs = settings.replica_acknowledgement && client.deployment.is_replicated();
-    // Another local task already waits for a key: if it waits for this one, follow it.
-    if waiting && engine.waiters.any() && !waiter.try_lead() && !waiter.follow(deadline).await {
+    // Waiting calls of this kind line up locally ([`Rules::local_line`]), and another local task
+    // already waits for a key: if it waits for this one, follow it.
+    let in_line = waiting && rules.local_line();
+    if in_line && engine.waiters.any() && !waiter.try_lead() && !waiter.follow(deadline).await {
         return Err(Stop::TimedOut(TimeoutReason::Busy));
     }
     loop {
@@ -363,7 +365,7 @@ async fn acquire_loop(
                 }
                 client.stats.record(&settings.metrics, Event::BusyRetry);
                 found.busy(pttl_ms);
-                if !waiter.try_lead() {
+                if in_line && !waiter.try_lead() {
                     // Another local task asks the server for this key: leave the server's queue
                     // to it and wait for it to hand over.
                     if queued {

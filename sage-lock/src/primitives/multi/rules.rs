@@ -246,6 +246,11 @@ impl Rules for UnitRules {
         MutexRules.blocked_by(kind)
     }
 
+    /// As the mutex: in line with the process's other waiters of its naming key.
+    fn local_line(&self) -> bool {
+        true
+    }
+
     /// All parts at once or none; a waiting caller queues on every part's waiter queue.
     fn wait_call(
         &self,

@@ -257,6 +257,10 @@ impl Rules for MutexRules {
         kind == self.kind()
     }
 
+    fn local_line(&self) -> bool {
+        true
+    }
+
     fn wait_call(
         &self,
         keys: &LockKeys,

@@ -195,6 +195,11 @@ impl SemaphoreRules {
 }
 
 impl Rules for SemaphoreRules {
+    /// A semaphore of one holder keeps its own holder out, as a mutex does.
+    fn blocked_by(&self, kind: &str) -> bool {
+        self.permits == 1 && kind == self.kind()
+    }
+
     fn wait_call(
         &self,
         keys: &LockKeys,
