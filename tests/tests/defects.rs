@@ -986,3 +986,68 @@ async fn outage_leaves_no_grants(
     );
     client.quit().await;
 }
+
+/// A connection drop while a release is on its way (helper-19's audit): the release is a
+/// compare-and-delete, safe to send again, so it is retried once the client reconnects, within
+/// its 1 s bound. Before, it was tried once: the key stayed held until its lease ended (10 s
+/// here, 30 s by default) and another client waited that long; `with_lock` had returned `Ok`
+/// and logged "release failed; the lock expires with its lease".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_cut_by_a_connection_drop_is_retried() {
+    use harness::chaos::proxy::{Mode, Proxy};
+    for kind in ServerKind::ALL {
+        let name = kind.name();
+        let server = harness::shared(kind);
+        let proxy = Proxy::start(server.port()).expect("proxy");
+        let ns = format!("release-drop-{}", rand::random::<u32>());
+        let options = || {
+            LockOptions::new()
+                .namespace(ns.as_str())
+                .lease(Duration::from_secs(10))
+        };
+        let through = LockClient::connect(&format!("redis://127.0.0.1:{}", proxy.port()))
+            .await
+            .expect("connect through the proxy");
+        let direct = LockClient::connect(&server.url()).await.expect("connect");
+        let (cut, other) = (
+            through.lock_with::<str>(options()).expect("options"),
+            direct.lock_with::<str>(options()).expect("options"),
+        );
+        // The first release on a client asks the server what it supports: out of the way.
+        cut.with_lock("warm-up", Duration::from_secs(5), async {})
+            .await
+            .expect("warm-up");
+        for (round, after) in [30_u64, 60, 90].into_iter().enumerate() {
+            let key = format!("k{round}");
+            proxy.set_mode(Mode::Latency(Duration::from_millis(100)));
+            let (body_ended_tx, body_ended) = tokio::sync::oneshot::channel();
+            let dropper = async {
+                let _ = body_ended.await;
+                // The release is on its way (100 ms each way through the proxy).
+                tokio::time::sleep(Duration::from_millis(after)).await;
+                proxy.drop_connections();
+            };
+            let (held, ()) = tokio::join!(
+                cut.with_lock(&key, Duration::from_secs(5), async move {
+                    let _ = body_ended_tx.send(());
+                }),
+                dropper
+            );
+            held.expect("with_lock");
+            proxy.set_mode(Mode::Normal);
+            let asked = Instant::now();
+            let entered = other
+                .with_lock(&key, Duration::from_secs(8), async { asked.elapsed() })
+                .await;
+            println!("{name}: drop {after} ms into the release; the next holder: {entered:?}");
+            assert!(
+                entered
+                    .as_ref()
+                    .is_ok_and(|at| *at < Duration::from_secs(3)),
+                "{name}: the lock stayed held after a release cut {after} ms in: {entered:?}"
+            );
+        }
+        through.quit().await;
+        direct.quit().await;
+    }
+}
