@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use super::{Engine, RELEASE_TIMEOUT, Rules, reentry};
+use crate::connection::OpError;
 use crate::error::{LockError, LossReason};
 use crate::key::LockKeys;
 use crate::lease::{Lease, scope};
@@ -17,6 +18,7 @@ use crate::notify::Grant;
 use crate::observe::{Event, Metrics};
 use crate::options::LockSettings;
 use crate::renewal::{Registration, Renewal};
+use crate::retry::{Backoff, Failure, classify, remaining};
 use crate::scripts::{ReleaseReply, parse_release};
 
 /// Runs `body` while `held` lasts: renewed in the background, cancelled on loss, released after.
@@ -331,12 +333,28 @@ async fn release_now(
     // a `NOSCRIPT`.
     let call = if unanswered { call.with_source() } else { call };
     // No grant this release makes is older than this (real clock).
-    let sent = std::time::Instant::now();
-    let outcome = engine
-        .conn
-        .run_on_primary(&call, deadline, granted_by)
-        .await
-        .and_then(|reply| Ok(parse_release(&reply)?));
+    let mut sent = std::time::Instant::now();
+    let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(100));
+    let outcome = loop {
+        let outcome = engine
+            .conn
+            .run_on_primary(&call, deadline, granted_by)
+            .await
+            .and_then(|reply| Ok(parse_release(&reply)?));
+        // A compare-and-delete is safe to send again (one that ran finds the lock no longer
+        // ours): a connection lost on the way is worth waiting for, within the bound.
+        let left = remaining(deadline);
+        match &outcome {
+            Err(OpError::Failed(error))
+                if classify(error) == Failure::Transient && !left.is_zero() =>
+            {
+                tracing::debug!(%error, "release failed on the way; trying again");
+                tokio::time::sleep(backoff.next_delay(left)).await;
+                sent = std::time::Instant::now();
+            }
+            _ => break outcome,
+        }
+    };
     if keep_for.is_none() {
         match outcome.as_ref().ok() {
             // The next waiter is named (and maybe handed the lock): if it is ours, wake it now
@@ -364,15 +382,14 @@ async fn release_now(
         }
         Ok(false) => tracing::debug!("release found the lock no longer ours"),
         Err(error) => {
-            let hint = match &error {
-                crate::connection::OpError::Failed(error) => crate::acl::denial_hint(error, None),
-                crate::connection::OpError::PoolExhausted => None,
-            }
-            .unwrap_or_default();
+            let (error, hint) = match &error {
+                OpError::Failed(error) => (error.to_string(), crate::acl::denial_hint(error, None)),
+                OpError::PoolExhausted => ("no dedicated connection came free".to_owned(), None),
+            };
+            let hint = hint.map(|hint| format!(" ({hint})")).unwrap_or_default();
             tracing::warn!(
-                ?error,
-                hint,
-                "release failed; the lock expires with its lease"
+                %error,
+                "release failed within {RELEASE_TIMEOUT:?}; the lock expires with its lease{hint}"
             );
         }
     }
