@@ -2,6 +2,7 @@
 //! notification, without asking the server again.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::HANDOFF_LEASE;
 use super::hold::safety_lead;
@@ -10,11 +11,13 @@ use crate::lease::{Lease, drift};
 use crate::notify::Grant;
 use crate::options::LockSettings;
 
-/// The lease of a hold a release handed to this waiter, queued at `queued_at`; `None` when too
-/// little of it may be left to trust without asking the server (the next attempt confirms it).
+/// The lease of a hold a release handed to this waiter, queued at `queued_at` by an attempt
+/// that took `round_trip`; `None` when too little of it may be left to trust without asking the
+/// server (the next attempt confirms it, and gets the whole lease).
 pub(super) fn handed_off(
     grant: Grant,
     queued_at: std::time::Instant,
+    round_trip: Duration,
     settings: &LockSettings,
     keys: &Arc<LockKeys>,
 ) -> Option<Lease> {
@@ -27,9 +30,12 @@ pub(super) fn handed_off(
     let valid_until = since + granted_for.saturating_sub(margin);
     let now = std::time::Instant::now();
     // Beyond what the hold's safety net keeps in reserve (a long lease's margin can exceed half
-    // the hand-off lease), a quarter of the hand-off lease must be left.
+    // the hand-off lease), a quarter of the hand-off lease must be left, and three of this
+    // waiter's round trips: the first renewal, due a third of the way through what is left,
+    // must be answered before the rest runs out.
     let reserve = safety_lead(settings.lease, margin);
-    if valid_until.saturating_duration_since(now) < reserve + granted_for / 4 {
+    let needed = (granted_for / 4).max(round_trip.saturating_mul(3));
+    if valid_until.saturating_duration_since(now) < reserve + needed {
         return None;
     }
     // Held from now on, as far as the minimum hold and `held_for` are concerned.

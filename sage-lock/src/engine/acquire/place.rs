@@ -28,14 +28,17 @@ pub(super) struct Place<'a> {
     /// The fencing counter that attempt saw: a genuine hand-off to this waiter came later, so
     /// its fence is higher (a grant that was lost before that attempt, announced late, is not).
     counter_seen: Option<u64>,
+    /// That attempt's round trip: what a renewal of a handed-off grant may take too.
+    round_trip: Duration,
 }
 
 impl<'a> Place<'a> {
-    /// An attempt sent at `sent` found the lock busy, with the fencing counter at `fence`: it
-    /// queued (or refreshed) this waiter's place.
+    /// An attempt sent at `sent` found the lock busy (its answer just came), with the fencing
+    /// counter at `fence`: it queued (or refreshed) this waiter's place.
     pub(super) fn queued(&mut self, sent: std::time::Instant, fence: Option<u64>) {
         self.queued_at = Some(sent);
         self.counter_seen = fence;
+        self.round_trip = sent.elapsed();
     }
 
     /// The lease of the hold a release handed this waiter since it queued, if one did and
@@ -51,7 +54,7 @@ impl<'a> Place<'a> {
         if grant.fence <= counter_seen {
             return None;
         }
-        handed_off(grant, queued_at, settings, keys)
+        handed_off(grant, queued_at, self.round_trip, settings, keys)
     }
 
     /// Watches the channels a release of `keys` names the next waiter on (or announces itself
