@@ -182,7 +182,10 @@ impl fmt::Display for TimeoutReason {
 pub enum LossReason {
     /// The key no longer holds this owner's token: it expired, was deleted, or was overwritten.
     NotOwner,
-    /// Renewal kept failing until the usable lease ran out; the last failure is quoted.
+    /// Renewal kept failing until the usable lease ran out; the last failure is quoted. When no
+    /// renewal call was answered at all before then (a lease shorter than the client's command
+    /// timeout, 5 s by default, on a connection that went silent: a partition, a stopped
+    /// server), there is no failure to quote, and the text says "no renewal completed in time".
     RenewalFailed(String),
     /// Replicas did not acknowledge a renewal before the usable lease ran out.
     NotAcknowledged {
