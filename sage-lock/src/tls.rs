@@ -242,7 +242,9 @@ pub(crate) fn connect_hint(error: &Error, tls: bool) -> &'static str {
         "the TLS handshake failed: does the server accept TLS on this port (tls-port)? Use \
          redis:// for a plaintext port"
     } else if tls {
-        "is the server running, reachable, and accepting TLS on this port?"
+        "is the server running, reachable, and accepting TLS on this port (tls-port)? A \
+         plaintext port does not answer a TLS handshake (the connection times out): use \
+         redis:// for one"
     } else {
         "is the server running and reachable? If it only accepts TLS (tls-port), connect with \
          rediss://"
@@ -315,5 +317,18 @@ mod tests {
         assert!(scheme_uses_tls("rediss") && scheme_uses_tls("rediss-cluster"));
         assert!(scheme_uses_tls("VALKEYS") && !scheme_uses_tls("redis"));
         assert!(!scheme_uses_tls("redis-sentinel"));
+    }
+
+    /// A `rediss://` URL on a plaintext port gets no answer to its handshake: the hint names
+    /// `redis://` (it only asked whether the port accepts TLS).
+    #[test]
+    fn a_silent_tls_connection_suggests_a_plaintext_url() {
+        let timeout = Error::new(fred::error::ErrorKind::Timeout, "Connection timed out.");
+        let hint = connect_hint(&timeout, true);
+        assert!(
+            hint.contains("redis://") && hint.contains("tls-port"),
+            "{hint}"
+        );
+        assert!(connect_hint(&timeout, false).contains("rediss://"));
     }
 }
