@@ -1122,3 +1122,62 @@ async fn a_hand_off_over_a_slow_link_is_not_lost() {
         slow.quit().await;
     }
 }
+
+/// `quit()` while a waiter's attempt is stuck on a silent connection (helper-19's audit): the
+/// waiter fails quoting `LockClient::quit()`, as it does on a healthy connection. Before, it
+/// failed with fred's "channel closed", which says nothing of the cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_cut_by_quit_on_a_silent_connection_names_quit() {
+    use harness::chaos::proxy::{Mode, Proxy};
+    for kind in ServerKind::ALL {
+        let name = kind.name();
+        let server = harness::shared(kind);
+        let proxy = Proxy::start(server.port()).expect("proxy");
+        let ns = format!("quit-silent-{}", rand::random::<u32>());
+        let options = || LockOptions::new().namespace(ns.as_str());
+        let direct = LockClient::connect(&server.url()).await.expect("connect");
+        let through = LockClient::connect(&format!("redis://127.0.0.1:{}", proxy.port()))
+            .await
+            .expect("connect through the proxy");
+        let holders = direct.lock_with::<str>(options()).expect("options");
+        let (held_tx, held) = tokio::sync::oneshot::channel();
+        let (done_tx, done) = tokio::sync::oneshot::channel::<()>();
+        let holder = tokio::spawn(async move {
+            holders
+                .with_lock("k", Duration::from_secs(5), async move {
+                    let _ = held_tx.send(());
+                    let _ = done.await;
+                })
+                .await
+        });
+        held.await.expect("held");
+        let waiters = through.lock_with::<str>(options()).expect("options");
+        let waiter = tokio::spawn(async move {
+            waiters
+                .with_lock("k", Duration::from_secs(10), async {})
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        proxy.set_mode(Mode::Blackhole);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        through.quit().await;
+        let result = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter ends after quit")
+            .expect("waiter task");
+        let text = result
+            .as_ref()
+            .err()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        println!("{name}: {result:?}");
+        assert!(
+            text.contains("LockClient::quit()"),
+            "{name}: the waiter's error does not name quit: {result:?}"
+        );
+        let _ = done_tx.send(());
+        holder.await.expect("holder task").expect("holder");
+        proxy.set_mode(Mode::Normal);
+        direct.quit().await;
+    }
+}
