@@ -385,6 +385,13 @@ async fn acquire_loop(
                 }
             }
             Err(OpError::Failed(error)) => {
+                // Whatever fred says of an attempt cut by `quit` (a silent connection's
+                // "channel closed"), the cause is the closed client.
+                let error = if client.is_closed() {
+                    crate::connection::closed_error()
+                } else {
+                    error
+                };
                 if classify(&error) == Failure::Permanent {
                     return Err(Stop::Failed(error));
                 }
