@@ -83,10 +83,10 @@ impl<K: ?Sized> Locks<K> {
     /// # Errors
     /// - [`LockError::InvalidArgument`]: `wait_timeout` is zero.
     /// - [`LockError::TimedOut`]: not acquired within `wait_timeout` (which covers replies, retry
-    ///   delays and replica acknowledgement, not the body). It returns at most about 20 ms past
+    ///   delays and replica acknowledgement, not the body). It returns at most about 25 ms past
     ///   the wait, also when the server stopped answering.
     /// - [`LockError::LockLost`]: the lease was lost; the body future was dropped. It returns
-    ///   at the loss (at most about 20 ms later), the release that follows going on in the
+    ///   at the loss (at most about 25 ms later), the release that follows going on in the
     ///   background.
     /// - [`LockError::Backend`]: a non-transient server or connection error.
     ///
