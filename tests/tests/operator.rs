@@ -11,6 +11,7 @@ use harness::ServerKind;
 use sage_lock::{LockClient, LockError, LockOptions, Locks, LossReason, current_lease};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tracing::instrument::WithSubscriber;
 
 fn cluster(kind: ServerKind) -> Target {
     Target {
@@ -226,6 +227,31 @@ async fn the_tools_refuse_a_key_of_another_type_and_say_how_to_look_at_it() {
         message.contains("hash") && message.contains("redis-cli") && !message.contains("tool of"),
         "{message}"
     );
+    // `scan` (the `locks list` tool) lists the held locks and says which key it skipped, and
+    // why, rather than leaving it out silently.
+    let (_, release, holder) = hold(&locks, "held-beside").await;
+    let captured = harness::Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let listed = locks
+        .scan()
+        .with_subscriber(subscriber)
+        .await
+        .expect("scan");
+    let keys: Vec<&str> = listed.iter().map(|held| held.key.as_str()).collect();
+    assert_eq!(keys, ["held-beside"]);
+    let logged = captured.text();
+    println!("{logged}");
+    assert!(
+        logged.contains("by-hand") && logged.contains("hash") && logged.contains("TYPE"),
+        "scan skipped the hash without a word: {logged:?}"
+    );
+    drop(release);
+    holder.await.expect("holder task").expect("held");
     harness::cmd_ok(port, &["DEL", "{operator-by-hand:by-hand}"]);
     client.quit().await;
 }
