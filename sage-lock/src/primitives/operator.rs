@@ -325,7 +325,8 @@ impl<K: ?Sized> Locks<K> {
 
     /// Every lock held in this family's namespace now, sorted by key: `SCAN` with a `MATCH` on
     /// the namespace on every primary (of each shard, in a cluster), then one read per lock.
-    /// Locks taken or released during the scan may or may not be listed.
+    /// Locks taken or released during the scan may or may not be listed. A lock's key that holds
+    /// another type (set by hand) is not listed, and a warning names it.
     ///
     /// ```no_run
     /// # async fn demo(locks: sage_lock::Locks<str>) -> Result<(), sage_lock::LockError> {
@@ -377,13 +378,20 @@ impl<K: ?Sized> Locks<K> {
                         continue;
                     };
                     let keys = LockKeys::new(namespace, &key);
-                    if let Inspected::Held(holder) = self.inspect(&keys).await? {
-                        let held = HeldLock {
-                            key: printable(&key),
-                            key_bytes: key.clone(),
-                            holder,
-                        };
-                        found.insert(key, held);
+                    match self.inspect(&keys).await? {
+                        Inspected::Held(holder) => {
+                            let held = HeldLock {
+                                key: printable(&key),
+                                key_bytes: key.clone(),
+                                holder,
+                            };
+                            found.insert(key, held);
+                        }
+                        Inspected::Other(kind) => {
+                            let why = not_a_mutex_text(&keys, &kind);
+                            tracing::warn!("scan skipped a key: {why}");
+                        }
+                        Inspected::Free => {}
                     }
                 }
                 if next == b"0" {
@@ -435,16 +443,17 @@ fn parse_scan(reply: Value) -> Option<(Vec<u8>, Vec<Vec<u8>>)> {
 }
 
 fn not_a_mutex(keys: &LockKeys, kind: &str) -> LockError {
-    LockError::invalid(
-        "key",
-        format!(
-            "{} holds a {kind}, not a lock: sage-lock writes only strings at a lock's key (its \
-             other primitives use keys of their own), so it was set by hand or by another \
-             program; look at it with redis-cli (TYPE {server_key}), and delete it there if it \
-             is stale",
-            keys.display(),
-            server_key = String::from_utf8_lossy(&keys.lock),
-        ),
+    LockError::invalid("key", not_a_mutex_text(keys, kind))
+}
+
+/// Why a lock's key of another type is no lock, and how to look at it.
+fn not_a_mutex_text(keys: &LockKeys, kind: &str) -> String {
+    format!(
+        "{} holds a {kind}, not a lock: sage-lock writes only strings at a lock's key (its other \
+         primitives use keys of their own), so it was set by hand or by another program; look \
+         at it with redis-cli (TYPE {server_key}), and delete it there if it is stale",
+        keys.display(),
+        server_key = String::from_utf8_lossy(&keys.lock),
     )
 }
 
