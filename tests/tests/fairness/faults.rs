@@ -311,3 +311,136 @@ async fn a_dead_waiters_queue_keys_expire_within_four_seconds() {
         holder.quit().await;
     }
 }
+
+/// A holder that went silent (its connection blackholed: it can neither renew nor release)
+/// keeps its lock until the lease it last renewed ends, and not longer: the waiter queued
+/// behind it, in another client, enters within 150 ms of that expiry (measured: 1–4 ms). An
+/// audit reported a waiter sleeping up to 500 ms past a dead holder's expiry; this shows it
+/// does not happen for the mutex, a `with_locks` holder, the read-write lock's writer or a
+/// one-permit semaphore. The waiter also never enters before the expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_enters_when_a_silent_holders_lease_ends() {
+    use harness::chaos::proxy::{Mode, Proxy};
+    /// The holder's key whose TTL is its lease (the README's server-side layout).
+    const PRIMITIVES: [(&str, &str); 4] = [
+        ("mutex", ""),
+        ("with_locks", ""),
+        ("write", ":w"),
+        ("semaphore", ":sem"),
+    ];
+    // Not a multiple of the queued waiter's 500 ms poll, so that a waiter blind to the holder's
+    // expiry would poll at some other phase of it.
+    let lease = Duration::from_millis(1730);
+    for (k, kind) in ServerKind::ALL.into_iter().enumerate() {
+        let server = harness::shared(kind);
+        let rounds = PRIMITIVES
+            .iter()
+            .enumerate()
+            .map(|(p, &(primitive, suffix))| async move {
+                let proxy = Proxy::start(server.port()).expect("proxy");
+                let ns = ns(&format!("silent-holder-{primitive}"), kind);
+                let options = || LockOptions::new().namespace(ns.as_str()).lease(lease);
+                let silent = connect(&format!("redis://127.0.0.1:{}", proxy.port())).await;
+                let direct = connect(&server.url()).await;
+                let (held_tx, held) = tokio::sync::oneshot::channel::<()>();
+                let holder = tokio::spawn({
+                    let (silent, options) = (silent.clone(), options());
+                    async move {
+                        let body = async move {
+                            let _ = held_tx.send(());
+                            std::future::pending::<()>().await;
+                        };
+                        let wait = Duration::from_secs(5);
+                        match primitive {
+                            "mutex" => {
+                                silent
+                                    .lock_with::<str>(options)?
+                                    .with_lock("k", wait, body)
+                                    .await
+                            }
+                            "with_locks" => {
+                                let locks = silent.lock_with::<str>(options)?;
+                                locks.with_locks(&["k", "k2"], wait, body).await
+                            }
+                            "write" => {
+                                silent
+                                    .rw_lock_with::<str>(options)?
+                                    .write("k", wait, body)
+                                    .await
+                            }
+                            _ => {
+                                silent
+                                    .semaphore_with::<str>(1, options)?
+                                    .acquire("k", wait, body)
+                                    .await
+                            }
+                        }
+                    }
+                });
+                held.await.expect("the holder acquired");
+                let waiter = tokio::spawn({
+                    let (direct, options) = (direct.clone(), options());
+                    async move {
+                        let body = async { Instant::now() };
+                        let wait = Duration::from_secs(20);
+                        match primitive {
+                            "write" => {
+                                direct
+                                    .rw_lock_with::<str>(options)?
+                                    .write("k", wait, body)
+                                    .await
+                            }
+                            "semaphore" => {
+                                let permits = direct.semaphore_with::<str>(1, options)?;
+                                permits.acquire("k", wait, body).await
+                            }
+                            _ => {
+                                direct
+                                    .lock_with::<str>(options)?
+                                    .with_lock("k", wait, body)
+                                    .await
+                            }
+                        }
+                    }
+                });
+                // The waiter is queued (and renewals have run) before the holder goes silent, at a
+                // different phase of the renewals each time.
+                let phase = 600 + 97 * p as u64 + 241 * k as u64;
+                tokio::time::sleep(Duration::from_millis(phase)).await;
+                proxy.set_mode(Mode::Blackhole);
+                let key = format!("{{{ns}:k}}{suffix}");
+                let before = Instant::now();
+                let pttl = match harness::cmd(server.port(), &["PTTL", &key]) {
+                    Ok(harness::Reply::Int(ms)) if ms > 0 => {
+                        Duration::from_millis(ms.unsigned_abs())
+                    }
+                    other => panic!("{primitive}: PTTL {key}: {other:?}"),
+                };
+                let after = Instant::now();
+                let entered = waiter
+                    .await
+                    .expect("waiter task")
+                    .unwrap_or_else(|e| panic!("{primitive}: the waiter: {e}"));
+                let (earliest, latest) = (before + pttl, after + pttl);
+                println!(
+                    "{} {primitive}: entered {:?} after the holder's expiry",
+                    kind.name(),
+                    entered.saturating_duration_since(latest)
+                );
+                assert!(
+                    entered + Duration::from_millis(2) >= earliest,
+                    "{primitive}: the waiter entered {:?} before the silent holder's lease ended",
+                    earliest - entered
+                );
+                assert!(
+                    entered <= latest + Duration::from_millis(150),
+                    "{primitive}: the waiter entered {:?} after the silent holder's lease ended",
+                    entered - latest
+                );
+                holder.abort();
+                direct.quit().await;
+                let _ = tokio::time::timeout(Duration::from_secs(3), silent.quit()).await;
+            });
+        futures::future::join_all(rounds).await;
+    }
+}
