@@ -1123,6 +1123,88 @@ async fn a_hand_off_over_a_slow_link_is_not_lost() {
     }
 }
 
+/// A waiter 600 ms (one round trip) away from the server (helper-19's audit): its subscriber
+/// connection takes two round trips or more to open, more than the second a waiting attempt
+/// gives it. Before, the opening was cut at that second, every time, so such waiters never
+/// subscribed and learnt of releases only by polling. Now the opening goes on in the background
+/// and a later attempt subscribes: the server counts the waiter's subscription on the lock's
+/// release channel, and the release's hand-off reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_far_waiter_subscribes_to_release_notifications() {
+    use harness::chaos::proxy::{Mode, Proxy};
+    for kind in ServerKind::ALL {
+        let name = kind.name();
+        let server = harness::shared(kind);
+        let proxy = Proxy::start(server.port()).expect("proxy");
+        let ns = format!("far-waiter-{}", rand::random::<u32>());
+        let options = || {
+            LockOptions::new()
+                .namespace(ns.as_str())
+                .lease(Duration::from_secs(5))
+        };
+        let direct = LockClient::connect(&server.url()).await.expect("connect");
+        let far = LockClient::connect(&format!("redis://127.0.0.1:{}", proxy.port()))
+            .await
+            .expect("connect through the proxy");
+        proxy.set_mode(Mode::Latency(Duration::from_millis(300)));
+        let (holders, waiters) = (
+            direct.lock_with::<str>(options()).expect("options"),
+            far.lock_with::<str>(options()).expect("options"),
+        );
+        let (held_tx, held) = tokio::sync::oneshot::channel();
+        let (release_tx, release) = tokio::sync::oneshot::channel::<()>();
+        let holder = tokio::spawn(async move {
+            holders
+                .with_lock("k", Duration::from_secs(5), async move {
+                    let _ = held_tx.send(());
+                    let _ = release.await;
+                    Instant::now()
+                })
+                .await
+        });
+        held.await.expect("held");
+        let waiter = tokio::spawn(async move {
+            waiters
+                .with_lock("k", Duration::from_secs(30), async { Instant::now() })
+                .await
+        });
+        let channel = format!("{{{ns}:k}}:released");
+        let started = Instant::now();
+        let mut subscribers = 0;
+        while started.elapsed() < Duration::from_secs(10) {
+            subscribers = match harness::cmd(server.port(), &["PUBSUB", "SHARDNUMSUB", &channel]) {
+                Ok(harness::Reply::Array(reply)) => match reply.get(1) {
+                    Some(harness::Reply::Int(count)) => *count,
+                    other => panic!("{name}: PUBSUB SHARDNUMSUB: {other:?}"),
+                },
+                other => panic!("{name}: PUBSUB SHARDNUMSUB: {other:?}"),
+            };
+            if subscribers > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        println!(
+            "{name}: the far waiter subscribed after {:?} ({subscribers} subscriber)",
+            started.elapsed()
+        );
+        let _ = release_tx.send(());
+        let released = holder.await.expect("holder task").expect("holder");
+        let entered = waiter.await.expect("waiter task").expect("the far waiter");
+        println!(
+            "{name}: the far waiter entered {:?} after the release",
+            entered.saturating_duration_since(released)
+        );
+        assert_eq!(
+            subscribers, 1,
+            "{name}: the far waiter never subscribed to {channel} in 10 s"
+        );
+        proxy.set_mode(Mode::Normal);
+        direct.quit().await;
+        far.quit().await;
+    }
+}
+
 /// `quit()` while a waiter's attempt is stuck on a silent connection (helper-19's audit): the
 /// waiter fails quoting `LockClient::quit()`, as it does on a healthy connection. Before, it
 /// failed with fred's "channel closed", which says nothing of the cause.

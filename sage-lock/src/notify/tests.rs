@@ -138,32 +138,28 @@ async fn a_message_hands_its_grant_to_the_named_waiter_only() {
     assert_eq!(watch.take_grant(), Some(Grant::new(5, None)));
 }
 
-/// A subscriber connection that cannot complete before the waiter's deadline (a server
-/// that accepts and never answers, as a paused one does) is closed, not left to connect in
-/// the background.
-#[tokio::test]
-async fn a_subscriber_cut_short_by_the_deadline_leaves_no_connection() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback listener");
-    let port = listener.local_addr().expect("listener address").port();
-    let config =
-        fred::types::config::Config::from_url(&format!("redis://127.0.0.1:{port}")).expect("url");
-    let template = fred::types::Builder::from_config(config)
-        .build()
-        .expect("client");
-    let notifier = Notifier::new(template);
+/// Accepts one connection on a loopback listener that never answers (as a paused server
+/// does) while `notifier` asks for its subscriber until 300 ms from now; returns the accepted
+/// socket, once `subscriber` gave up.
+async fn silent_accept(
+    listener: &tokio::net::TcpListener,
+    notifier: &Notifier,
+) -> tokio::net::TcpStream {
     let (accepted, subscriber) = tokio::join!(
         tokio::time::timeout(Duration::from_secs(5), listener.accept()),
         notifier.subscriber(Instant::now() + Duration::from_millis(300)),
     );
     assert!(subscriber.is_none(), "no server answered, yet a subscriber");
-    let (socket, _) = accepted
+    accepted
         .expect("the subscriber connected within 5 s")
-        .expect("accept");
-    // fred waits 10 s for its PING reply; the abandoned connection must close well before.
+        .expect("accept")
+        .0
+}
+
+/// Whether the peer closes `socket` within `within`.
+async fn closed_within(socket: &tokio::net::TcpStream, within: Duration) -> bool {
     let mut buf = [0u8; 256];
-    let closed = tokio::time::timeout(Duration::from_secs(3), async {
+    tokio::time::timeout(within, async {
         loop {
             if socket.readable().await.is_err() {
                 return;
@@ -175,10 +171,68 @@ async fn a_subscriber_cut_short_by_the_deadline_leaves_no_connection() {
             }
         }
     })
-    .await;
+    .await
+    .is_ok()
+}
+
+/// A notifier whose subscriber connects to `port` with `connect_timeout`.
+fn notifier_for(port: u16, connect_timeout: Duration) -> Notifier {
+    let config =
+        fred::types::config::Config::from_url(&format!("redis://127.0.0.1:{port}")).expect("url");
+    let connection = fred::types::config::ConnectionConfig {
+        connection_timeout: connect_timeout,
+        ..Default::default()
+    };
+    let template = fred::types::Builder::from_config(config)
+        .set_connection_config(connection)
+        .build()
+        .expect("client");
+    Notifier::new(template)
+}
+
+/// A subscriber connection that cannot complete before the waiter's deadline goes on opening in
+/// the background (on a slow link, the next waiter finds it open), but only for the client's
+/// connect timeout: against a server that accepts and never answers (as a paused one does),
+/// it is closed then, not left to fred's own 10 s PING wait or to reconnect for ever.
+#[tokio::test]
+async fn a_subscriber_cut_short_by_the_deadline_closes_at_the_connect_timeout() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback listener");
+    let port = listener.local_addr().expect("listener address").port();
+    let notifier = notifier_for(port, Duration::from_secs(1));
+    let socket = silent_accept(&listener, &notifier).await;
     assert!(
-        closed.is_ok(),
-        "the abandoned subscriber connection is still open"
+        !closed_within(&socket, Duration::from_millis(300)).await,
+        "the opening was abandoned with the waiter's deadline, not continued in the background"
+    );
+    assert!(
+        closed_within(&socket, Duration::from_secs(3)).await,
+        "the subscriber connection is still open past its connect timeout"
+    );
+}
+
+/// Closing (or dropping) the notifier abandons a subscriber connection still being opened in
+/// the background: it closes at once, not at its connect timeout.
+#[tokio::test]
+async fn closing_the_notifier_closes_a_subscriber_being_opened() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback listener");
+    let port = listener.local_addr().expect("listener address").port();
+    let notifier = notifier_for(port, Duration::from_secs(30));
+    let socket = silent_accept(&listener, &notifier).await;
+    notifier.close().await;
+    assert!(
+        closed_within(&socket, Duration::from_secs(1)).await,
+        "closed, the notifier left its subscriber connection opening"
+    );
+    let dropped = notifier_for(port, Duration::from_secs(30));
+    let socket = silent_accept(&listener, &dropped).await;
+    drop(dropped);
+    assert!(
+        closed_within(&socket, Duration::from_secs(1)).await,
+        "dropped, the notifier left its subscriber connection opening"
     );
 }
 
