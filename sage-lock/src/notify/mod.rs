@@ -56,11 +56,25 @@ pub(crate) struct Notifier {
     shared: Arc<Shared>,
     /// The subscriber connection while it lives: opened on first need, and opened again when
     /// its tasks ended (the runtime that ran them shut down, as each `#[tokio::test]`'s does).
-    subscriber: std::sync::Mutex<Option<Subscriber>>,
-    /// Held while a subscriber connection is being opened: one at a time.
-    opening: tokio::sync::Mutex<()>,
-    /// Set by [`Notifier::close`]: no subscriber connection is opened afterwards.
-    closed: AtomicBool,
+    /// Shared with the task opening it, which puts it here.
+    subscriber: Arc<std::sync::Mutex<Option<Subscriber>>>,
+    /// The task opening a subscriber connection, while one does: one at a time. It outlives the
+    /// waiter that started it (a waiter gives it a second at most), so on a slow link the next
+    /// waiter finds the connection open; it gives up after the client's connect timeout.
+    opening: tokio::sync::Mutex<Option<Opening>>,
+    /// Set by [`Notifier::close`] (and on drop): no subscriber connection is kept afterwards.
+    closed: Arc<AtomicBool>,
+}
+
+/// A task opening the subscriber connection; aborted (which closes the connection it was
+/// opening) when dropped before it ends.
+#[derive(Debug)]
+struct Opening(tokio::task::JoinHandle<()>);
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// A subscriber connection and the tasks that drive it and read its messages.
@@ -96,9 +110,9 @@ impl Notifier {
         Notifier {
             template,
             shared: Arc::default(),
-            subscriber: std::sync::Mutex::new(None),
-            opening: tokio::sync::Mutex::new(()),
-            closed: AtomicBool::new(false),
+            subscriber: Arc::default(),
+            opening: tokio::sync::Mutex::new(None),
+            closed: Arc::default(),
         }
     }
 
@@ -142,7 +156,8 @@ impl Notifier {
     /// Closes the subscriber connection, if one was opened; none is opened afterwards.
     pub(crate) async fn close(&self) {
         self.closed.store(true, Ordering::Release);
-        let _opening = self.opening.lock().await;
+        // A connection still being opened is abandoned (and closed with its task).
+        self.opening.lock().await.take();
         let live = self.subscriber.lock().ok().and_then(|mut s| s.take());
         if let Some(subscriber) = live {
             let _ = tokio::time::timeout(Duration::from_secs(1), subscriber.client.quit()).await;
@@ -171,78 +186,117 @@ impl Notifier {
             .map_or(0, |c| c.values().map(|e| e.watchers.len()).sum())
     }
 
-    /// The live subscriber connection, opened (again) if needed before `deadline`; `None` when
-    /// it cannot be (notifications are then unavailable: waiters poll).
+    /// The live subscriber connection, opened (again) if needed; `None` when it is not open by
+    /// `deadline` (notifications are then unavailable for now: waiters poll). An opening that
+    /// `deadline` cuts short goes on in the background, for the next waiter.
     async fn subscriber(&self, deadline: Instant) -> Option<Client> {
         if let Some(client) = self.live_subscriber() {
             return Some(client);
         }
-        let _opening = tokio::time::timeout_at(deadline, self.opening.lock())
+        let mut opening = tokio::time::timeout_at(deadline, self.opening.lock())
             .await
             .ok()?;
-        if let Some(client) = self.live_subscriber() {
-            return Some(client);
+        loop {
+            if let Some(client) = self.live_subscriber() {
+                return Some(client);
+            }
+            if self.closed.load(Ordering::Acquire) {
+                return None;
+            }
+            let Some(task) = opening.as_mut() else {
+                // A subscriber whose tasks ended took its subscriptions with it.
+                if let Some(dead) = self.subscriber.lock().ok().and_then(|mut s| s.take()) {
+                    tracing::debug!("the subscriber connection's tasks ended; opening another");
+                    dead.connection.abort();
+                    forget_subscriptions(&self.shared);
+                }
+                *opening = Some(Opening(tokio::spawn(open_subscriber(
+                    self.template.clone(),
+                    Arc::clone(&self.shared),
+                    Arc::clone(&self.subscriber),
+                    Arc::clone(&self.closed),
+                ))));
+                continue;
+            };
+            let ended = tokio::time::timeout_at(deadline, &mut task.0).await.ok()?;
+            opening.take();
+            if ended.is_ok() {
+                // Opened, or failed within its budget (the next waiter tries again).
+                return self.live_subscriber();
+            }
+            // Its runtime shut down before it ended: open another in this one.
         }
-        if self.closed.load(Ordering::Acquire) {
-            return None;
+    }
+}
+
+/// Opens a subscriber connection copying `template`'s configuration, within the template's
+/// connect timeout, and puts it in `slot`, unless the notifier was closed meanwhile (the
+/// connection is then closed).
+async fn open_subscriber(
+    template: Client,
+    shared: Arc<Shared>,
+    slot: Arc<std::sync::Mutex<Option<Subscriber>>>,
+    closed: Arc<AtomicBool>,
+) {
+    let policy = template
+        .client_reconnect_policy()
+        .unwrap_or_else(|| ReconnectPolicy::new_exponential(0, 20, 1_000, 2));
+    let mut perf = template.perf_config();
+    // A burst of releases must not overflow the message channel.
+    perf.broadcast_channel_capacity = perf.broadcast_channel_capacity.max(1024);
+    let budget = template
+        .connection_config()
+        .connection_timeout
+        .max(Duration::from_secs(1));
+    let client = Client::new(
+        template.client_config(),
+        Some(perf),
+        Some(template.connection_config().clone()),
+        Some(policy),
+    );
+    // Given up (or aborted with this task), the connection task is aborted too: left running,
+    // it would connect and reconnect in the background for the life of the process, a
+    // connection that `close` never reaches.
+    let mut task = AbortOnDrop(Some(client.connect()));
+    match tokio::time::timeout(budget, client.wait_for_connect()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => {
+            tracing::debug!(%error, "no subscriber connection; waiters poll");
+            let _ = tokio::time::timeout(Duration::from_secs(1), client.quit()).await;
+            return;
         }
-        // A subscriber whose tasks ended took its subscriptions with it.
-        if let Some(dead) = self.subscriber.lock().ok().and_then(|mut s| s.take()) {
-            tracing::debug!("the subscriber connection's tasks ended; opening another");
-            dead.connection.abort();
-            forget_subscriptions(&self.shared);
-        }
-        let connect = async {
-            let policy = self
-                .template
-                .client_reconnect_policy()
-                .unwrap_or_else(|| ReconnectPolicy::new_exponential(0, 20, 1_000, 2));
-            let mut perf = self.template.perf_config();
-            // A burst of releases must not overflow the message channel.
-            perf.broadcast_channel_capacity = perf.broadcast_channel_capacity.max(1024);
-            let client = Client::new(
-                self.template.client_config(),
-                Some(perf),
-                Some(self.template.connection_config().clone()),
-                Some(policy),
+        Err(_) => {
+            tracing::debug!(
+                ?budget,
+                "no subscriber connection within the connect timeout; waiters poll"
             );
-            // Cut short by the waiter's deadline (or failed), the connection task is aborted:
-            // left running, it would connect and reconnect in the background for the life of
-            // the process, a connection that `close` never reaches.
-            let mut task = AbortOnDrop(Some(client.connect()));
-            match client.wait_for_connect().await {
-                Ok(()) => {
-                    let connection = task.0.take()?;
-                    // Listening starts after the initial connection (which fred also reports as
-                    // a reconnect) and before any subscription.
-                    let listener = spawn_listener(&client, Arc::downgrade(&self.shared));
-                    Some(Ok(Subscriber {
-                        client,
-                        connection,
-                        listener,
-                    }))
-                }
-                Err(error) => {
-                    let _ = tokio::time::timeout(Duration::from_secs(1), client.quit()).await;
-                    Some(Err(error))
-                }
-            }
-        };
-        match tokio::time::timeout_at(deadline, connect).await {
-            Ok(Some(Ok(subscriber))) => {
-                let client = subscriber.client.clone();
-                if let Ok(mut live) = self.subscriber.lock() {
-                    *live = Some(subscriber);
-                }
-                Some(client)
-            }
-            Ok(None) => None,
-            Ok(Some(Err(error))) => {
-                tracing::debug!(%error, "no subscriber connection; waiters poll");
-                None
-            }
-            Err(_) => None,
+            return;
         }
+    }
+    let Some(connection) = task.0.take() else {
+        return;
+    };
+    // Listening starts after the initial connection (which fred also reports as a reconnect)
+    // and before any subscription.
+    let listener = spawn_listener(&client, Arc::downgrade(&shared));
+    let subscriber = Subscriber {
+        client,
+        connection,
+        listener,
+    };
+    // Checked under the slot's lock, which `close` takes after setting the flag: either it
+    // finds this subscriber there, or this finds the flag set.
+    let refused = match slot.lock() {
+        Ok(mut live) if !closed.load(Ordering::Acquire) => {
+            *live = Some(subscriber);
+            None
+        }
+        _ => Some(subscriber),
+    };
+    if let Some(subscriber) = refused {
+        subscriber.listener.abort();
+        let _ = tokio::time::timeout(Duration::from_secs(1), subscriber.client.quit()).await;
+        subscriber.connection.abort();
     }
 }
 
@@ -250,7 +304,10 @@ impl Drop for Notifier {
     /// The client is gone without [`Notifier::close`]: the subscriber connection closes too
     /// (left to its task, it would stay open, reconnecting, for the life of the process).
     fn drop(&mut self) {
-        let live = self.subscriber.get_mut().ok().and_then(Option::take);
+        // Set first: an opening task that ends now closes its connection instead of keeping it.
+        self.closed.store(true, Ordering::Release);
+        self.opening.get_mut().take();
+        let live = self.subscriber.lock().ok().and_then(|mut s| s.take());
         if let Some(subscriber) = live {
             subscriber.listener.abort();
             subscriber.connection.abort();
