@@ -73,8 +73,20 @@ pub(super) fn mark_requested(shared: &Shared, channel: &[u8]) {
     }
 }
 
-/// Marks every channel unsubscribed (its subscriber connection is gone, and its subscriptions
-/// with it), forgetting those no waiter watches.
+/// The subscriber connection reconnected: the server forgot its subscriptions, so every
+/// channel is marked unsubscribed. What may be subscribed again stays known: an `SSUBSCRIBE`
+/// sent before the reconnect may still wait in fred's queue and reach the server after it, so a
+/// requested channel keeps its record (an idle one lingers and is unsubscribed as usual), never
+/// forgotten with a subscription the server will hold.
+pub(super) fn connection_reset(shared: &Shared) {
+    if let Ok(mut channels) = shared.channels.lock() {
+        channels.retain(|_, e| !e.watchers.is_empty() || e.requested);
+        channels.values_mut().for_each(|e| e.subscribed = false);
+    }
+}
+
+/// Marks every channel unsubscribed (its subscriber connection is gone for good, and its
+/// subscriptions with it), forgetting those no waiter watches.
 pub(super) fn forget_subscriptions(shared: &Shared) {
     if let Ok(mut channels) = shared.channels.lock() {
         channels.retain(|_, e| !e.watchers.is_empty());

@@ -9,7 +9,7 @@ use fred::clients::Client;
 use fred::interfaces::{EventInterface, PubsubInterface};
 use tokio::task::JoinHandle;
 
-use super::channels::{LINGER, Shared, deliver, forget_subscriptions, mark_requested, wake_all};
+use super::channels::{LINGER, Shared, connection_reset, deliver, mark_requested, wake_all};
 use super::message::parse_message;
 
 /// Reads messages and reconnects of `client` until it closes or the notifier is gone; drops
@@ -56,12 +56,17 @@ pub(super) fn deliver_message(shared: &Shared, channel: &[u8], payload: &fred::t
     }
 }
 
-/// After a reconnect the server has forgotten the subscriptions: subscribe again (one command
-/// per channel, which stays valid if slots moved) and wake every waiter once.
+/// After a reconnect the server has forgotten the subscriptions: subscribe again the channels
+/// waiters watch (one command per channel, which stays valid if slots moved) and wake every
+/// waiter once. Idle channels are left to linger and be unsubscribed (see [`connection_reset`]).
 async fn resubscribe(client: &Client, shared: &Shared) {
-    forget_subscriptions(shared);
+    connection_reset(shared);
     let channels: Vec<Bytes> = match shared.channels.lock() {
-        Ok(channels) => channels.keys().cloned().collect(),
+        Ok(channels) => channels
+            .iter()
+            .filter(|(_, e)| !e.watchers.is_empty())
+            .map(|(name, _)| name.clone())
+            .collect(),
         Err(_) => return,
     };
     for channel in channels {
@@ -83,8 +88,20 @@ async fn unsubscribe_idle(client: &Client, shared: &Shared) {
         Err(_) => return,
     };
     for channel in idle {
-        let _ = tokio::time::timeout(Duration::from_secs(1), client.sunsubscribe(channel.clone()))
-            .await;
+        let answer =
+            tokio::time::timeout(Duration::from_secs(1), client.sunsubscribe(channel.clone()))
+                .await;
+        // Unanswered (the connection is down or slow), the channel stays for the next sweep:
+        // the server may still hold the subscription. Refused, it never will.
+        let done = match answer {
+            Ok(Ok(())) => true,
+            Ok(Err(error)) => !connection_failure(&error),
+            Err(_) => false,
+        };
+        if !done {
+            // The rest would wait as long: they wait for the next sweep.
+            break;
+        }
         let revived = match shared.channels.lock() {
             Ok(mut channels) => match channels.get_mut(&channel) {
                 Some(entry) if entry.watchers.is_empty() => {
@@ -103,6 +120,16 @@ async fn unsubscribe_idle(client: &Client, shared: &Shared) {
             resubscribe_one(client, shared, channel).await;
         }
     }
+}
+
+/// Whether `error` says the command may not have reached the server (rather than that the
+/// server refused it).
+fn connection_failure(error: &fred::error::Error) -> bool {
+    use fred::error::ErrorKind;
+    matches!(
+        error.kind(),
+        ErrorKind::IO | ErrorKind::Timeout | ErrorKind::Canceled | ErrorKind::Routing
+    )
 }
 
 /// Subscribes `channel` again for its waiters (after a reconnect, or when they came while it

@@ -360,7 +360,12 @@ impl Watch<'_> {
                 Subscribed::New
             }
             Ok(Err(error)) => {
-                tracing::debug!(%error, "SSUBSCRIBE failed; waiters poll (grant ssubscribe and the channel to the ACL user)");
+                let hint = if error.details().starts_with("NOPERM") {
+                    " (grant ssubscribe and the channel to the ACL user)"
+                } else {
+                    ""
+                };
+                tracing::debug!(%error, "SSUBSCRIBE failed; waiters poll{hint}");
                 Subscribed::Unavailable
             }
             Err(_) => Subscribed::Unavailable,
