@@ -16,6 +16,46 @@ fn locks(client: &LockClient, ns: &str, lease: Duration) -> Locks<str> {
         .expect("options")
 }
 
+/// A client's first releases, 200 at once: whether the server has `DELIFEQ` is asked once
+/// (`INFO server`), not by each of them. Before, every release that came before the first
+/// answer asked again: an audit counted 1,098 `INFO` calls in a burst of 5,000 on Valkey.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_first_releases_asks_for_delifeq_once() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks = locks(&client, "first-releases", Duration::from_secs(10));
+        let (ready_tx, mut ready) = tokio::sync::mpsc::channel::<()>(200);
+        let (release, released) = tokio::sync::watch::channel(false);
+        let holders: Vec<_> = (0..200)
+            .map(|i| {
+                let (locks, ready_tx, mut released) =
+                    (locks.clone(), ready_tx.clone(), released.clone());
+                tokio::spawn(async move {
+                    locks
+                        .with_lock(&format!("k{i}"), Duration::from_secs(5), async move {
+                            let _ = ready_tx.send(()).await;
+                            let _ = released.wait_for(|go| *go).await;
+                        })
+                        .await
+                })
+            })
+            .collect();
+        for _ in 0..200 {
+            ready.recv().await.expect("a holder acquired");
+        }
+        server.cmd_ok(&["CONFIG", "RESETSTAT"]);
+        release.send_replace(true);
+        for holder in holders {
+            holder.await.expect("holder task").expect("holder");
+        }
+        let asked = commandstats_calls(server.port(), "info");
+        println!("{}: {asked} INFO calls for 200 first releases", kind.name());
+        assert_eq!(asked, 1, "{}: INFO server asked {asked} times", kind.name());
+        client.quit().await;
+    }
+}
+
 /// 50 uncontended cycles: one `DELIFEQ` per release on Valkey (and one script call per
 /// acquisition), two script calls per cycle on Redis, the release's being the one-key
 /// compare-and-delete; nothing reads the waiter queue (`LINDEX`: the grant marker says nobody
