@@ -1,5 +1,6 @@
 //! Compare-and-delete of one key, the uncontended release: Valkey 9's native `DELIFEQ` where
-//! the server has it (asked once), else a one-key script doing the same.
+//! the server has it (asked until answered, one release at a time), else a one-key script doing
+//! the same.
 
 use std::sync::LazyLock;
 
@@ -8,6 +9,7 @@ use fred::types::Value;
 use tokio::time::Instant;
 
 use super::Connection;
+use crate::retry::Failure;
 use crate::scripts::Script;
 
 /// `DELIFEQ` as a script, for servers without it (Redis, Valkey before 9): KEYS: the key;
@@ -20,14 +22,16 @@ static DELETE_IF_EQUAL_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(D
 pub(super) const DELIFEQ_UNKNOWN: u8 = 0;
 pub(super) const DELIFEQ_PRESENT: u8 = 1;
 pub(super) const DELIFEQ_ABSENT: u8 = 2;
+/// A release is asking the server (the others meanwhile use the script).
+const DELIFEQ_ASKING: u8 = 3;
 
 impl Connection {
     /// Deletes `key` (in hash slot `slot`) if it holds `value`, on a deployment without
     /// replicas, within `deadline`: `Some(true)` when it deleted the key, `Some(false)` when the
     /// key held another value (or none), `None` when it cannot tell (a replicated deployment,
     /// which needs the checked path, or a failure), so the caller falls back to its own script.
-    /// Sends `DELIFEQ key value` (Valkey 9's native compare-and-delete) where the server has it,
-    /// asked once (`INFO server`: Valkey 9 or later), else a one-key script; a refused `DELIFEQ`
+    /// Sends `DELIFEQ key value` (Valkey 9's native compare-and-delete) where the server has it
+    /// (`INFO server`: Valkey 9 or later, see `sends_delifeq`), else a one-key script; a refused `DELIFEQ`
     /// (an ACL without `+delifeq`) turns to the script for this client.
     pub(crate) async fn delete_if_equal(
         &self,
@@ -75,29 +79,56 @@ impl Connection {
         }
     }
 
-    /// Whether this client sends `DELIFEQ`: Valkey 9 has it (Redis 7 has not), asked once
-    /// through `INFO server`, which every deployment allows. Any failure counts as absent: the
-    /// script always works.
+    /// Whether this client sends `DELIFEQ`: Valkey 9 has it (Redis 7 has not), asked through
+    /// `INFO server`, which every deployment allows, by one release at a time (the others use
+    /// the script meanwhile). A refusal counts as absent for good: the script always works. An
+    /// unanswered question is asked again by a later release.
     async fn sends_delifeq(&self, deadline: Instant) -> bool {
         use std::sync::atomic::Ordering;
-        match self.delifeq.load(Ordering::Acquire) {
-            DELIFEQ_PRESENT => return true,
-            DELIFEQ_ABSENT => return false,
-            _ => {}
+        let asking = self.delifeq.compare_exchange(
+            DELIFEQ_UNKNOWN,
+            DELIFEQ_ASKING,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        match asking {
+            Ok(_) => {}
+            Err(state) => return state == DELIFEQ_PRESENT,
         }
+        // Cut short (this release's future dropped), the question is left to a later release.
+        let mut asking = Asking(Some(&self.delifeq));
         let info = Box::pin(
             self.fred()
                 .info::<String>(Some(fred::types::InfoKind::Server)),
         );
-        let asked = tokio::time::timeout_at(deadline, info).await;
-        let present = matches!(&asked, Ok(Ok(info)) if has_delifeq(info));
-        let state = if present {
-            DELIFEQ_PRESENT
-        } else {
-            DELIFEQ_ABSENT
+        let (state, present) = match tokio::time::timeout_at(deadline, info).await {
+            Ok(Ok(info)) if has_delifeq(&info) => (DELIFEQ_PRESENT, true),
+            Ok(Ok(_)) => (DELIFEQ_ABSENT, false),
+            Ok(Err(error)) if crate::retry::classify(&error) == Failure::Permanent => {
+                (DELIFEQ_ABSENT, false)
+            }
+            Ok(Err(_)) | Err(_) => (DELIFEQ_UNKNOWN, false),
         };
-        self.delifeq.store(state, Ordering::Release);
+        asking.settle(state);
         present
+    }
+}
+
+/// A release's question whether the server has `DELIFEQ`: what it found when it settles, else
+/// (dropped unsettled) unknown again.
+struct Asking<'a>(Option<&'a std::sync::atomic::AtomicU8>);
+
+impl Asking<'_> {
+    fn settle(&mut self, state: u8) {
+        if let Some(delifeq) = self.0.take() {
+            delifeq.store(state, std::sync::atomic::Ordering::Release);
+        }
+    }
+}
+
+impl Drop for Asking<'_> {
+    fn drop(&mut self) {
+        self.settle(DELIFEQ_UNKNOWN);
     }
 }
 
