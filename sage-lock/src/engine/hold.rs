@@ -382,15 +382,27 @@ async fn release_now(
         }
         Ok(false) => tracing::debug!("release found the lock no longer ours"),
         Err(error) => {
+            if engine.conn.is_closed() {
+                // `quit()` came first: it closed the connections the release needed, and its
+                // holds expire with their leases, as its documentation says.
+                tracing::debug!("release not sent: the client was closed (LockClient::quit())");
+                return;
+            }
+            let unanswered =
+                matches!(&error, OpError::Failed(error) if classify(error) == Failure::Transient);
             let (error, hint) = match &error {
                 OpError::Failed(error) => (error.to_string(), crate::acl::denial_hint(error, None)),
                 OpError::PoolExhausted => ("no dedicated connection came free".to_owned(), None),
             };
             let hint = hint.map(|hint| format!(" ({hint})")).unwrap_or_default();
-            tracing::warn!(
-                %error,
-                "release failed within {RELEASE_TIMEOUT:?}; the lock expires with its lease{hint}"
-            );
+            if unanswered {
+                tracing::warn!(
+                    %error,
+                    "release not answered within {RELEASE_TIMEOUT:?}: unless it still runs, the lock expires with its lease{hint}"
+                );
+            } else {
+                tracing::warn!(%error, "release failed; the lock expires with its lease{hint}");
+            }
         }
     }
 }

@@ -328,8 +328,12 @@ impl Shared {
                 client.stats.record(&metrics, Event::RenewalFailure);
                 let lease = &entry.renewal.lease;
                 let error = AttemptFailure(&problem);
-                tracing::debug!(key = %lease.key(), namespace = %lease.namespace(), %error, "renewal failed, retrying");
                 let left = entry.renewal.lease.remaining();
+                if left.is_zero() {
+                    tracing::debug!(key = %lease.key(), namespace = %lease.namespace(), %error, "renewal failed, with no lease left to retry in");
+                } else {
+                    tracing::debug!(key = %lease.key(), namespace = %lease.namespace(), %error, "renewal failed, retrying");
+                }
                 entry.last_problem = Some(problem);
                 if left.is_zero() {
                     entry.last_problem.take()
