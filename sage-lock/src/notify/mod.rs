@@ -85,6 +85,15 @@ struct Subscriber {
     listener: tokio::task::JoinHandle<()>,
 }
 
+impl Drop for Subscriber {
+    /// However it goes (closed, replaced, or dropped with a task cut short), its tasks end with
+    /// it: left running, the connection would reconnect for the life of the process.
+    fn drop(&mut self) {
+        self.listener.abort();
+        self.connection.abort();
+    }
+}
+
 impl Subscriber {
     /// Whether its tasks still run (they end with their runtime, or when the connection
     /// gave up reconnecting).
@@ -161,7 +170,6 @@ impl Notifier {
         let live = self.subscriber.lock().ok().and_then(|mut s| s.take());
         if let Some(subscriber) = live {
             let _ = tokio::time::timeout(Duration::from_secs(1), subscriber.client.quit()).await;
-            subscriber.listener.abort();
         }
     }
 
@@ -207,7 +215,7 @@ impl Notifier {
                 // A subscriber whose tasks ended took its subscriptions with it.
                 if let Some(dead) = self.subscriber.lock().ok().and_then(|mut s| s.take()) {
                     tracing::debug!("the subscriber connection's tasks ended; opening another");
-                    dead.connection.abort();
+                    drop(dead);
                     forget_subscriptions(&self.shared);
                 }
                 *opening = Some(Opening(tokio::spawn(open_subscriber(
@@ -294,9 +302,7 @@ async fn open_subscriber(
         _ => Some(subscriber),
     };
     if let Some(subscriber) = refused {
-        subscriber.listener.abort();
         let _ = tokio::time::timeout(Duration::from_secs(1), subscriber.client.quit()).await;
-        subscriber.connection.abort();
     }
 }
 
@@ -307,11 +313,8 @@ impl Drop for Notifier {
         // Set first: an opening task that ends now closes its connection instead of keeping it.
         self.closed.store(true, Ordering::Release);
         self.opening.get_mut().take();
-        let live = self.subscriber.lock().ok().and_then(|mut s| s.take());
-        if let Some(subscriber) = live {
-            subscriber.listener.abort();
-            subscriber.connection.abort();
-        }
+        // Its tasks end with it.
+        drop(self.subscriber.lock().ok().and_then(|mut s| s.take()));
     }
 }
 
