@@ -278,7 +278,12 @@ impl Connection {
         if !self.deployment.is_replicated() {
             return self.run_plain(call, deadline).await;
         }
-        match self.run(call, false, deadline, granted_by, None).await {
+        // Releases measure nothing from when they were sent.
+        let mut sent = std::time::Instant::now();
+        match self
+            .run(call, false, deadline, granted_by, None, &mut sent)
+            .await
+        {
             Ok((value, Ack::Confirmed | Ack::Short { .. }, _)) => return Ok(value),
             Ok((_, Ack::NotPrimary(_), _)) => {}
             Err(OpError::Failed(error)) if crate::retry::is_readonly(&error) => {
@@ -286,7 +291,7 @@ impl Connection {
             }
             Err(other) => return Err(other),
         }
-        self.run(call, true, deadline, None, None)
+        self.run(call, true, deadline, None, None, &mut sent)
             .await
             .map(|(value, _, _)| value)
     }

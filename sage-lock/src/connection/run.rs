@@ -25,6 +25,10 @@ impl Connection {
     ///
     /// `cleanup` undoes `call` (an acquisition's release): when a replica-acknowledged attempt
     /// fails or is cancelled before its reply, it is sent on the same connection, after `call`.
+    /// `sent` is moved to when `call` leaves for the server, past any wait for a dedicated
+    /// connection (and a Sentinel's seeding): still before the server runs it, so a lease
+    /// counted from it never outlasts the server's, and a hold that waited for a connection is
+    /// not counted as older than it is.
     pub(crate) async fn run(
         &self,
         call: &ScriptCall<'_>,
@@ -32,6 +36,7 @@ impl Connection {
         deadline: Instant,
         granted_by: Option<&Server>,
         cleanup: Option<ScriptCall<'static>>,
+        sent: &mut std::time::Instant,
     ) -> Result<(Value, Ack, Option<Server>), OpError> {
         self.ensure_open()?;
         let fred = self.fred();
@@ -105,6 +110,7 @@ impl Connection {
         if let Some(seed) = &self.sentinel_seed {
             Box::pin(seed.seed(fred, &conn, &self.hints, wait_until)).await;
         }
+        *sent = std::time::Instant::now();
         let in_flight = InFlight {
             loan: Some(loan),
             cleanup,

@@ -225,7 +225,7 @@ impl Batch {
     /// One renewal attempt for every lock in the batch: what it meant for each (by id), and when
     /// it was sent, on the real clock (see `crate::lease`).
     pub(super) async fn renew(self, conn: &Connection) -> Attempt {
-        let sent = std::time::Instant::now();
+        let mut sent = std::time::Instant::now();
         let deadline = self.deadline.unwrap_or_else(Instant::now);
         let mut args = Vec::with_capacity(1 + self.tokens.len() + self.keys.len());
         args.push(Value::Integer(millis(self.lease)));
@@ -243,6 +243,7 @@ impl Batch {
                 deadline,
                 self.granted_by.as_ref(),
                 None,
+                &mut sent,
             )
             .await;
         let outcomes: Vec<Outcome> = match result {

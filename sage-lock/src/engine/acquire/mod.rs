@@ -267,7 +267,7 @@ async fn acquire_loop(
                 .record(&settings.metrics, Event::TransientRetry);
         }
         // The lease is measured on the real clock (see `crate::lease`).
-        let sent = std::time::Instant::now();
+        let mut sent = std::time::Instant::now();
         let call = if waiting {
             rules.wait_call(keys, &held.token, lease_duration, place_ttl(deadline))
         } else {
@@ -284,6 +284,7 @@ async fn acquire_loop(
                 deadline,
                 None,
                 cleanup,
+                &mut sent,
             )
             .await
             .and_then(|(reply, ack, node)| Ok((parse_acquire(reply)?, ack, node)));
