@@ -327,3 +327,37 @@ pub(crate) fn close_in_background(conn: Client, mut link: Link) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A new connection cut short by the caller's deadline says so (the acquisition then keeps
+    /// what its earlier attempts found, say a busy key), not only that it "did not connect
+    /// within 1ms", which reads as a server fault. An audit saw busy waits end as "server
+    /// unavailable: a new dedicated connection did not connect within 1ms".
+    #[tokio::test]
+    async fn a_connection_cut_by_the_deadline_says_so() {
+        // Accepts connections (the kernel's backlog) but never answers them.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = silent.local_addr().expect("addr").port();
+        let config = fred::types::config::Config::from_url(&format!("redis://127.0.0.1:{port}"))
+            .expect("url");
+        let template = fred::types::Builder::from_config(config)
+            .build()
+            .expect("client");
+        let pool = DedicatedPool::new(template, 1);
+        for budget in [Duration::ZERO, Duration::from_millis(50)] {
+            let taken = pool.take(Instant::now() + budget).await;
+            let Err(PoolError::Connect(error)) = taken else {
+                panic!("a connection to a silent server: {taken:?}");
+            };
+            assert!(
+                error
+                    .details()
+                    .starts_with(crate::connection::DEADLINE_REACHED),
+                "{budget:?}: {error}"
+            );
+        }
+    }
+}
