@@ -14,7 +14,7 @@
 //! | `sage_lock_renewal_failures_total` | counter | renewal attempts that failed (may recover) |
 //! | `sage_lock_losses_total` | counter | held locks lost (`LockLost`) |
 //! | `sage_lock_releases_total` | counter | locks released by their owner |
-//! | `sage_lock_fence_regressions_total` | counter | fencing tokens lower than one this client saw before for the key (the counter was evicted or flushed) |
+//! | `sage_lock_fence_regressions_total` | counter | exclusive grants' fencing tokens lower than one this client saw before for the key (the counter was evicted or flushed) |
 //! | `sage_lock_wait_seconds` | histogram | time from call to acquisition |
 //! | `sage_lock_hold_seconds` | histogram | time from acquisition to release or loss |
 //!
@@ -54,9 +54,9 @@ pub struct LockStats {
     pub releases: u64,
     /// Total time spent waiting for acquisitions, in microseconds.
     pub wait_micros: u64,
-    /// Acquisitions whose fencing token was lower than one this client saw before for the same
-    /// key: the fencing counter was lost (eviction, `FLUSHALL`). See the README on
-    /// `maxmemory-policy`.
+    /// Exclusive acquisitions (mutex, writer, one-permit semaphore) whose fencing token was lower
+    /// than one this client saw before for the same key: the fencing counter was lost
+    /// (eviction, `FLUSHALL`). See the README on `maxmemory-policy`.
     pub fence_regressions: u64,
 }
 

@@ -14,7 +14,7 @@ use fred::types::{ClusterHash, ConnectHandle, CustomCommand, Value};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use crate::retry::remaining;
+use crate::retry::{DEADLINE_REACHED, remaining};
 
 /// Why no dedicated connection could be had.
 #[derive(Debug)]
@@ -27,11 +27,12 @@ pub(crate) enum PoolError {
     Closed,
 }
 
-/// A new dedicated connection that did not connect within `waited`.
+/// A new dedicated connection that did not connect within the `waited` left before the
+/// caller's deadline: the deadline ran out ([`DEADLINE_REACHED`]), whatever the server.
 fn connect_timeout(waited: Duration) -> fred::error::Error {
     fred::error::Error::new(
         fred::error::ErrorKind::Timeout,
-        format!("a new dedicated connection did not connect within {waited:?}"),
+        format!("{DEADLINE_REACHED}: a new dedicated connection did not connect within {waited:?}"),
     )
 }
 
@@ -154,6 +155,10 @@ impl DedicatedPool {
             }
             close_in_background(conn, link);
         }
+        if remaining(deadline).is_zero() {
+            // No time left to open one: say so, rather than fail a connect given no time.
+            return Err(PoolError::Connect(connect_timeout(Duration::ZERO)));
+        }
         let conn = self.template.clone_new();
         // Owned by the loan from the start: dropped (cancelled or failed), it closes the
         // connection and aborts its task, which would otherwise reconnect forever.
@@ -163,7 +168,7 @@ impl DedicatedPool {
             _permit: Some(permit),
             generation,
         };
-        let connect_time = remaining(deadline).max(Duration::from_millis(1));
+        let connect_time = remaining(deadline);
         let failure = match tokio::time::timeout(connect_time, loan.conn.wait_for_connect()).await {
             Ok(Ok(())) => None,
             Ok(Err(error)) => Some(error),

@@ -6,6 +6,9 @@ use fred::error::{Error, ErrorKind};
 use rand::Rng;
 use tokio::time::Instant;
 
+/// The detail text of a command (or a connection) cut short by the caller's deadline.
+pub(crate) const DEADLINE_REACHED: &str = "no reply before the deadline";
+
 /// How a failed command should be treated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Failure {

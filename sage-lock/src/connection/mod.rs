@@ -27,9 +27,10 @@ mod in_flight;
 mod run;
 mod verdict;
 
+pub(crate) use crate::retry::DEADLINE_REACHED;
 use delifeq::DELIFEQ_UNKNOWN;
 use down::ConnectionErrors;
-pub(crate) use run::{CALLER_TIMED, DEADLINE_REACHED};
+pub(crate) use run::CALLER_TIMED;
 pub(crate) use verdict::{Ack, OpError};
 
 /// How long releasing may take before [`Locks::with_lock`](crate::Locks::with_lock) returns

@@ -217,8 +217,7 @@ pub(crate) static CALLER_TIMED: std::sync::LazyLock<fred::types::config::Options
         ..Default::default()
     });
 
-/// The detail text of a command cut short by the caller's deadline.
-pub(crate) const DEADLINE_REACHED: &str = "no reply before the deadline";
+use crate::retry::DEADLINE_REACHED;
 
 impl Connection {
     /// Why the shared connection is down, with what to check; `None` while it is up (or before

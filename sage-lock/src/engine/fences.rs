@@ -2,9 +2,11 @@
 //!
 //! The fencing counter `{ns:k}:fence` has no TTL; it only disappears when the server loses data
 //! (eviction under a `maxmemory-policy` other than `noeviction`/`volatile-*`, `FLUSHALL`, a
-//! restart without persistence). A token lower than one already seen for the key is then logged
-//! at `warn` and counted (`LockStats::fence_regressions`): stores that reject stale tokens would
-//! reject the new holder's writes.
+//! restart without persistence). A token of an exclusive grant (a mutex's, a writer's, a
+//! one-permit semaphore's) lower than one already seen for the key is then logged at `warn` and
+//! counted (`LockStats::fence_regressions`): stores that reject stale tokens would reject the new
+//! holder's writes. Grants that share (readers, a semaphore's permits) are not compared: their
+//! replies come in any order.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

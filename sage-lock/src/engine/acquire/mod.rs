@@ -110,7 +110,10 @@ pub(crate) async fn acquire(
     match result {
         Ok(Some(granted)) => {
             let fence = granted.lease.fencing_token();
-            if let Some(previous) = engine.fences.observe(&keys.lock, fence) {
+            // Only exclusive grants come in token order: holders that share (readers, a
+            // semaphore's permits) get theirs in whatever order the replies come.
+            let exclusive = rules.blocked_by(rules.kind());
+            if exclusive && let Some(previous) = engine.fences.observe(&keys.lock, fence) {
                 client
                     .stats
                     .record(&settings.metrics, Event::FenceRegression);
