@@ -614,7 +614,7 @@ async fn shared_holders_raise_no_false_fencing_regression() {
     let rw = client.rw_lock_with::<str>(options()).expect("options");
     let until = Instant::now() + Duration::from_secs(2);
     let tasks: Vec<_> = (0..6)
-        .map(|task| {
+        .map(|task: u32| {
             let (permits, rw) = (permits.clone(), rw.clone());
             tokio::spawn(async move {
                 let mut round = 0_u32;
@@ -624,9 +624,9 @@ async fn shared_holders_raise_no_false_fencing_regression() {
                         tokio::time::sleep(Duration::from_micros(u64::from(round % 4) * 500)).await;
                     };
                     let wait = Duration::from_secs(5);
-                    let done = if task % 2 == 0 {
+                    let done = if task.is_multiple_of(2) {
                         permits.acquire("k", wait, body).await
-                    } else if task == 1 && round % 5 == 0 {
+                    } else if task == 1 && round.is_multiple_of(5) {
                         rw.write("k", wait, body).await
                     } else {
                         rw.read("k", wait, body).await
