@@ -319,6 +319,23 @@ mod tests {
         assert!(!scheme_uses_tls("redis-sentinel"));
     }
 
+    /// A refused connection (nothing listens on the port: a server down, a primary killed in a
+    /// failover) is no TLS matter: the hint does not suggest `rediss://`. A soak audit saw
+    /// "Connection refused; ... If it only accepts TLS (tls-port), connect with rediss://" for a
+    /// killed cluster primary.
+    #[test]
+    fn a_refused_connection_suggests_no_tls() {
+        let refused = Error::new(
+            fred::error::ErrorKind::IO,
+            "Connection refused (os error 111)",
+        );
+        let hint = connect_hint(&refused, false);
+        assert!(
+            !hint.contains("rediss://") && hint.contains("running"),
+            "{hint}"
+        );
+    }
+
     /// A `rediss://` URL on a plaintext port gets no answer to its handshake: the hint names
     /// `redis://` (it only asked whether the port accepts TLS).
     #[test]
