@@ -149,10 +149,11 @@ impl fmt::Display for TimeoutReason {
                      acknowledgement"
                 )?;
                 if *acknowledged == 0 && *required == 1 {
-                    // A replicated deployment needs at least one acknowledgement.
+                    // A replicated deployment needs at least one acknowledgement: its replica
+                    // is down, or there is none (a single server).
                     f.write_str(
-                        " (a primary without replicas never acknowledges: for a single server, \
-                         connect without replicated(true))",
+                        " (no replica acknowledged: is the primary's replica down? A single \
+                         server without replicas needs no replicated(true))",
                     )?;
                 }
                 Ok(())

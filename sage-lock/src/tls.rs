@@ -241,6 +241,9 @@ pub(crate) fn connect_hint(error: &Error, tls: bool) -> &'static str {
     } else if tls && mentions(&["InvalidContentType", "CorruptMessage", "received corrupt"]) {
         "the TLS handshake failed: does the server accept TLS on this port (tls-port)? Use \
          redis:// for a plaintext port"
+    } else if mentions(&["Connection refused", "os error 111"]) {
+        "nothing accepts connections there: is the server running, and are the host and port \
+         right?"
     } else if tls {
         "is the server running, reachable, and accepting TLS on this port (tls-port)? A \
          plaintext port does not answer a TLS handshake (the connection times out): use \

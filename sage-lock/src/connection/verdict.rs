@@ -69,8 +69,13 @@ fn role_change(
     {
         return None;
     }
+    let of_what = if conn.is_clustered() {
+        " of its slot"
+    } else {
+        ""
+    };
     Some(format!(
-        "{}:{} granted the lock but {}:{} is the primary of its slot now",
+        "{}:{} granted the lock but {}:{} is the primary{of_what} now",
         granter.host, granter.port, now.host, now.port
     ))
 }
