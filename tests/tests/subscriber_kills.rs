@@ -1,0 +1,122 @@
+//! The subscriber connection killed again and again while a client waits on many keys: once
+//! idle, the client leaves no subscription on the server. A binary of its own: its thousands of
+//! tasks would move the process-wide memory the `soak` tests measure.
+
+use std::time::{Duration, Instant};
+
+use harness::{Server, ServerKind};
+use sage_lock::__private::resident;
+use sage_lock::{LockClient, LockOptions};
+
+/// How long a holder waits for its lock.
+const WAIT: Duration = Duration::from_secs(15);
+/// How long an idle client may take to drop its channels: they linger 2 s and are swept every
+/// second, one `SUNSUBSCRIBE` at a time; the rest is slack for a busy machine.
+const SETTLE: Duration = Duration::from_secs(15);
+
+/// The sharded channels the server has subscribers on.
+fn shard_channels(port: u16) -> Vec<String> {
+    harness::cmd_ok(port, &["PUBSUB", "SHARDCHANNELS"])
+        .as_array()
+        .expect("PUBSUB SHARDCHANNELS reply")
+        .iter()
+        .filter_map(harness::Reply::to_text)
+        .collect()
+}
+
+/// Keys one waiting client waits on at once in [`subscriptions_outlast_no_kill_storm`].
+const STORM_KEYS: usize = 2000;
+
+/// The subscriber connection killed again and again while one client waits on many keys (an
+/// audit's repro: 5,000 keys, six `CLIENT KILL TYPE pubsub` 300 ms apart): once every waiter
+/// got its lock and the client went idle, no subscription is left on the server. Before, the
+/// resubscription after each reconnect forgot which channels might still be subscribed, so a
+/// channel whose `SSUBSCRIBE` was still queued in fred when its waiter left was forgotten
+/// without an `SUNSUBSCRIBE`: thousands of channels stayed subscribed for the client's life.
+async fn subscriptions_outlast_no_kill_storm(kind: ServerKind) {
+    let server = Server::start(kind);
+    let port = server.port();
+    let ns = format!("kill-storm-{}", rand::random::<u32>());
+    let options = || {
+        LockOptions::new()
+            .namespace(ns.as_str())
+            .lease(Duration::from_secs(30))
+    };
+    let holder = LockClient::connect(&server.url()).await.expect("connect");
+    let waiter = LockClient::connect(&server.url()).await.expect("connect");
+    let (holds, waits) = (
+        holder.lock_with::<str>(options()).expect("options"),
+        waiter.lock_with::<str>(options()).expect("options"),
+    );
+    let (release, released) = tokio::sync::watch::channel(false);
+    let (held_tx, mut held) = tokio::sync::mpsc::channel::<()>(STORM_KEYS);
+    let holders: Vec<_> = (0..STORM_KEYS)
+        .map(|i| {
+            let (holds, mut released, held_tx) = (holds.clone(), released.clone(), held_tx.clone());
+            tokio::spawn(async move {
+                holds
+                    .with_lock(&format!("k{i}"), WAIT, async move {
+                        let _ = held_tx.send(()).await;
+                        let _ = released.wait_for(|go| *go).await;
+                    })
+                    .await
+            })
+        })
+        .collect();
+    for _ in 0..STORM_KEYS {
+        held.recv().await.expect("a holder acquired");
+    }
+    let waiters: Vec<_> = (0..STORM_KEYS)
+        .map(|i| {
+            let waits = waits.clone();
+            tokio::spawn(async move {
+                waits
+                    .with_lock(&format!("k{i}"), Duration::from_secs(60), async {})
+                    .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    for _ in 0..6 {
+        harness::cmd_ok(port, &["CLIENT", "KILL", "TYPE", "pubsub"]);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    release.send_replace(true);
+    for holder in holders {
+        holder.await.expect("holder task").expect("holder");
+    }
+    for waiter in waiters {
+        waiter.await.expect("waiter task").expect("waiter");
+    }
+    // Idle channels linger 2 s and are swept every second, one SUNSUBSCRIBE at a time.
+    let started = Instant::now();
+    let mut left = shard_channels(port).len();
+    while left > 0 && started.elapsed() < SETTLE {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        left = shard_channels(port).len();
+    }
+    println!(
+        "{}: {left} channels subscribed {:?} after the last waiter ({} tracked by the client)",
+        kind.name(),
+        started.elapsed(),
+        resident(&waiter).channels
+    );
+    assert_eq!(
+        left,
+        0,
+        "{}: subscriptions left on the server by the idle client",
+        kind.name()
+    );
+    holder.quit().await;
+    waiter.quit().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_subscriptions_outlast_no_kill_storm() {
+    subscriptions_outlast_no_kill_storm(ServerKind::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey_subscriptions_outlast_no_kill_storm() {
+    subscriptions_outlast_no_kill_storm(ServerKind::Valkey).await;
+}
