@@ -99,4 +99,15 @@ mod tests {
         assert_eq!(findings.holder_pttl, None);
         assert!(findings.busy);
     }
+
+    /// An attempt that lands in the last millisecond of the holder's lease reads a PTTL of 0:
+    /// the holder ends now, so the next attempt comes at once. Before, 0 counted as "tells
+    /// nothing" and a queued waiter slept its whole poll (500 ms) past the expiry: a test of a
+    /// lock left by a shut-down runtime saw it taken 1.5 s into a 1 s lease.
+    #[test]
+    fn a_lease_in_its_last_millisecond_ends_now() {
+        let mut findings = Findings::default();
+        findings.busy(0);
+        assert_eq!(findings.holder_pttl, Some(Duration::ZERO));
+    }
 }
