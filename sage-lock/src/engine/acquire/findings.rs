@@ -40,11 +40,9 @@ impl Findings {
         *self = Findings {
             busy: true,
             // A holder key without TTL (PTTL -1) or one that just expired (-2) tells nothing
-            // about when it ends: the normal capped backoff applies, not a 1 ms poll.
-            holder_pttl: u64::try_from(pttl_ms)
-                .ok()
-                .filter(|ms| *ms > 0)
-                .map(Duration::from_millis),
+            // about when it ends: the normal capped backoff applies, not a 1 ms poll. A PTTL of
+            // 0 is a lease in its last millisecond: it ends now.
+            holder_pttl: u64::try_from(pttl_ms).ok().map(Duration::from_millis),
             ..Findings::default()
         };
     }
