@@ -85,6 +85,12 @@ impl Connection {
     /// unanswered question is asked again by a later release.
     async fn sends_delifeq(&self, deadline: Instant) -> bool {
         use std::sync::atomic::Ordering;
+        // A plain read on the uncontended path, once answered.
+        match self.delifeq.load(Ordering::Acquire) {
+            DELIFEQ_PRESENT => return true,
+            DELIFEQ_ABSENT | DELIFEQ_ASKING => return false,
+            _ => {}
+        }
         let asking = self.delifeq.compare_exchange(
             DELIFEQ_UNKNOWN,
             DELIFEQ_ASKING,
