@@ -8,6 +8,18 @@ use std::sync::{Arc, Mutex};
 pub struct Captured(Arc<Mutex<Vec<u8>>>);
 
 impl Captured {
+    /// A subscriber that writes `WARN` and above, as plain text, here: install it globally
+    /// (`try_init`), for the current thread (`tracing::subscriber::set_default`), or for one
+    /// future (`WithSubscriber::with_subscriber`).
+    pub fn warn_subscriber(&self) -> impl tracing::Subscriber + Send + Sync + 'static {
+        let writer = self.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish()
+    }
+
     /// Everything written so far, as (lossy) UTF-8.
     pub fn text(&self) -> String {
         let bytes = self.0.lock().map(|out| out.clone()).unwrap_or_default();

@@ -67,6 +67,16 @@ pub fn shared_cluster(kind: ServerKind) -> &'static Cluster {
     SHARED[kind.index()].get_or_init(|| Cluster::start(kind))
 }
 
+/// The sharded pub/sub channels the server on `port` has subscribers on (`PUBSUB SHARDCHANNELS`).
+pub fn shard_channels(port: u16) -> Vec<String> {
+    cmd_ok(port, &["PUBSUB", "SHARDCHANNELS"])
+        .as_array()
+        .expect("PUBSUB SHARDCHANNELS reply")
+        .iter()
+        .filter_map(Reply::to_text)
+        .collect()
+}
+
 /// The server's `connected_clients` on `port` (-1 when it does not answer).
 pub fn connected_clients(port: u16) -> i64 {
     info_field(port, "clients", "connected_clients")

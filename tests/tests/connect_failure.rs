@@ -42,12 +42,8 @@ fn closed_within(mut stream: TcpStream, limit: Duration) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_connection_is_an_error_and_no_warning() {
     let captured = Captured::default();
-    let writer = captured.clone();
-    tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish()
+    captured
+        .warn_subscriber()
         .try_init()
         .expect("the only subscriber of this binary");
 

@@ -231,15 +231,9 @@ async fn the_tools_refuse_a_key_of_another_type_and_say_how_to_look_at_it() {
     // why, rather than leaving it out silently.
     let (_, release, holder) = hold(&locks, "held-beside").await;
     let captured = harness::Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
     let listed = locks
         .scan()
-        .with_subscriber(subscriber)
+        .with_subscriber(captured.warn_subscriber())
         .await
         .expect("scan");
     let keys: Vec<&str> = listed.iter().map(|held| held.key.as_str()).collect();

@@ -15,12 +15,8 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quit_with_held_locks_warns_about_no_release() {
     let captured = Captured::default();
-    let writer = captured.clone();
-    tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish()
+    captured
+        .warn_subscriber()
         .try_init()
         .expect("the only subscriber of this binary");
     for kind in ServerKind::ALL {

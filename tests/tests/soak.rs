@@ -261,16 +261,6 @@ fn server_keys(port: u16) -> (usize, usize, Vec<String>) {
     }
 }
 
-/// The sharded channels the server has subscribers on.
-fn shard_channels(port: u16) -> Vec<String> {
-    harness::cmd_ok(port, &["PUBSUB", "SHARDCHANNELS"])
-        .as_array()
-        .expect("PUBSUB SHARDCHANNELS reply")
-        .iter()
-        .filter_map(harness::Reply::to_text)
-        .collect()
-}
-
 fn alive_tasks() -> usize {
     tokio::runtime::Handle::current()
         .metrics()
@@ -330,7 +320,7 @@ fn idle_state(port: u16, clients: [&LockClient; 2]) -> Idle {
         tasks: alive_tasks(),
         clients: connected_clients(port),
         resident: clients.map(resident),
-        channels: shard_channels(port),
+        channels: harness::shard_channels(port),
         other_keys,
         fences,
         markers,

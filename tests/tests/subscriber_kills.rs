@@ -14,16 +14,6 @@ const WAIT: Duration = Duration::from_secs(15);
 /// second, one `SUNSUBSCRIBE` at a time; the rest is slack for a busy machine.
 const SETTLE: Duration = Duration::from_secs(15);
 
-/// The sharded channels the server has subscribers on.
-fn shard_channels(port: u16) -> Vec<String> {
-    harness::cmd_ok(port, &["PUBSUB", "SHARDCHANNELS"])
-        .as_array()
-        .expect("PUBSUB SHARDCHANNELS reply")
-        .iter()
-        .filter_map(harness::Reply::to_text)
-        .collect()
-}
-
 /// Keys one waiting client waits on at once in [`subscriptions_outlast_no_kill_storm`].
 const STORM_KEYS: usize = 2000;
 
@@ -90,10 +80,10 @@ async fn subscriptions_outlast_no_kill_storm(kind: ServerKind) {
     }
     // Idle channels linger 2 s and are swept every second, one SUNSUBSCRIBE at a time.
     let started = Instant::now();
-    let mut left = shard_channels(port).len();
+    let mut left = harness::shard_channels(port).len();
     while left > 0 && started.elapsed() < SETTLE {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        left = shard_channels(port).len();
+        left = harness::shard_channels(port).len();
     }
     println!(
         "{}: {left} channels subscribed {:?} after the last waiter ({} tracked by the client)",

@@ -98,16 +98,15 @@ async fn unsubscribe_idle(client: &Client, shared: &Shared) {
             Ok(Err(error)) => !connection_failure(&error),
             Err(_) => false,
         };
-        if !done {
-            // The rest would wait as long: they wait for the next sweep.
-            break;
-        }
         let revived = match shared.channels.lock() {
             Ok(mut channels) => match channels.get_mut(&channel) {
                 Some(entry) if entry.watchers.is_empty() => {
-                    channels.remove(&channel);
+                    if done {
+                        channels.remove(&channel);
+                    }
                     false
                 }
+                // The unsubscription may have reached the server either way.
                 Some(entry) => {
                     entry.subscribed = false;
                     true
@@ -118,6 +117,10 @@ async fn unsubscribe_idle(client: &Client, shared: &Shared) {
         };
         if revived {
             resubscribe_one(client, shared, channel).await;
+        }
+        if !done {
+            // The rest would wait as long: they wait for the next sweep.
+            break;
         }
     }
 }

@@ -242,13 +242,7 @@ async fn acl_without_channels_waiters_fall_back_to_polling() {
 #[tokio::test]
 async fn acl_denied_release_is_logged_with_the_grant() {
     let captured = harness::Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = tracing::subscriber::set_default(captured.warn_subscriber());
     for kind in ServerKind::ALL {
         let server = harness::shared(kind);
         let user = User::new(server, |rule| rule);
