@@ -542,3 +542,45 @@ async fn several_slots_timeout_reports_the_whole_wait() {
         several.quit().await;
     }
 }
+
+/// A call for a key whose node is down (its primary and replica killed, so no failover heals
+/// it) fails naming that node, not only the addresses the client was given: in a cluster the
+/// operator needs to know which of its nodes to look at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_to_a_dead_node_names_that_node() {
+    for kind in ServerKind::ALL {
+        let cluster = Cluster::start(kind);
+        let client = LockClient::connect(&cluster.url()).await.expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("dead-node"))
+            .expect("opts");
+        locks
+            .with_lock("k", Duration::from_secs(2), async {})
+            .await
+            .expect("a healthy cluster grants the lock");
+        let slot = harness::key_slot(&LockClient::server_key("dead-node", "k"));
+        let primary = cluster.primary_for_slot(slot);
+        let dead = primary.port();
+        cluster.replica_of(dead).kill();
+        primary.kill();
+        let wait = Duration::from_secs(1);
+        let started = Instant::now();
+        let error = locks
+            .with_lock("k", wait, async {})
+            .await
+            .expect_err("the key's node is down");
+        let took = started.elapsed();
+        let text = format!("{error}");
+        println!("{kind}: after {took:?}: {text}");
+        assert!(
+            text.contains(&format!("not connected to 127.0.0.1:{dead} ")),
+            "{kind}: the error does not name the dead node 127.0.0.1:{dead}: {text}"
+        );
+        // The README's bound is about 25 ms past the wait; generous here for a loaded machine.
+        assert!(
+            took < wait + Duration::from_millis(500),
+            "{kind}: TimedOut came {took:?} into a {wait:?} wait"
+        );
+        client.quit().await;
+    }
+}

@@ -395,56 +395,65 @@ async fn full_pool_delays_acknowledged_acquisition() {
 /// times out with `Unavailable`, not with `PoolExhausted`'s advice to raise `max_connections`
 /// (the pool was nowhere near full). Found in chaos runs of replicated deployments
 /// (`timed_out:pool_exhausted` under blackholes and restarts, with 4 tasks and 16 connections).
+/// It returns at its deadline, as on a standalone server: before, it waited up to a second
+/// more for the cleanup of its last attempt, which no retry would follow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_primary_is_unavailable_not_a_full_pool() {
     for kind in ServerKind::ALL {
         let setup = Replicated::start(kind, 1);
-        let client = LockClient::builder()
-            .url(&setup.primary_url())
-            .replicated(true)
-            .command_timeout(Duration::from_millis(400))
-            .connect()
-            .await
-            .expect("connect");
-        let locks: Locks<str> = client
-            .lock_with(LockOptions::new().namespace("stalled"))
-            .expect("opts");
-        locks
-            .with_lock("k", Duration::from_secs(1), async {})
-            .await
-            .expect("healthy");
-        setup.primary.pause();
-        let started = Instant::now();
-        let result = locks
-            .with_lock("k", Duration::from_millis(1500), async {})
-            .await;
-        let took = started.elapsed();
-        setup.primary.resume();
-        println!(
-            "{}: stalled primary -> {result:?} after {took:?}",
-            kind.name()
-        );
-        assert!(
-            matches!(
-                &result,
-                Err(LockError::TimedOut {
-                    reason: TimeoutReason::Unavailable(_),
-                    ..
-                })
-            ),
-            "{}: {result:?}",
-            kind.name()
-        );
-        // The wait, plus at most the second a failed attempt's cleanup may take.
-        assert!(
-            took >= Duration::from_millis(1400) && took < Duration::from_millis(3000),
-            "{}: gave up after {took:?} of a 1.5 s wait",
-            kind.name()
-        );
-        locks
-            .with_lock("k", Duration::from_secs(5), async {})
-            .await
-            .unwrap_or_else(|e| panic!("{}: after the stall: {e:?}", kind.name()));
+        // A command timeout shorter than the wait (several attempts), and the default 5 s (one
+        // attempt, cut by the wait).
+        for command_timeout in [Duration::from_millis(400), Duration::from_secs(5)] {
+            let client = LockClient::builder()
+                .url(&setup.primary_url())
+                .replicated(true)
+                .command_timeout(command_timeout)
+                .connect()
+                .await
+                .expect("connect");
+            let locks: Locks<str> = client
+                .lock_with(LockOptions::new().namespace("stalled"))
+                .expect("opts");
+            locks
+                .with_lock("k", Duration::from_secs(1), async {})
+                .await
+                .expect("healthy");
+            setup.primary.pause();
+            let started = Instant::now();
+            let result = locks
+                .with_lock("k", Duration::from_millis(1500), async {})
+                .await;
+            let took = started.elapsed();
+            setup.primary.resume();
+            println!(
+                "{}: stalled primary ({command_timeout:?} command timeout) -> {result:?} after {took:?}",
+                kind.name()
+            );
+            assert!(
+                matches!(
+                    &result,
+                    Err(LockError::TimedOut {
+                        reason: TimeoutReason::Unavailable(_),
+                        ..
+                    })
+                ),
+                "{}: {result:?}",
+                kind.name()
+            );
+            // The README: "`TimedOut` returns at most about 25 ms past the wait ... also when the
+            // server stopped answering" (generous here for a loaded machine). The cleanup of the
+            // last, unanswered attempt goes on in the background.
+            assert!(
+                took >= Duration::from_millis(1400) && took < Duration::from_millis(1800),
+                "{}: gave up after {took:?} of a 1.5 s wait",
+                kind.name()
+            );
+            locks
+                .with_lock("k", Duration::from_secs(5), async {})
+                .await
+                .unwrap_or_else(|e| panic!("{}: after the stall: {e:?}", kind.name()));
+            client.quit().await;
+        }
     }
 }
 
