@@ -1,7 +1,7 @@
 //! Server URLs: which schemes are accepted, clear errors for bad ones, passwords kept out of
 //! every message.
 
-use fred::types::config::Config;
+use fred::types::config::{Config, Server};
 
 use crate::error::LockError;
 use crate::topology::Deployment;
@@ -156,6 +156,22 @@ pub(crate) fn describe(config: &Config) -> String {
         .map(|s| format!("{}:{}", s.host, s.port))
         .collect();
     format!("{} ({:?})", hosts.join(","), Deployment::of(&config.server))
+}
+
+/// [`describe`], followed by the node whose connection broke last when fred named one that is
+/// not the one address the client was given (a cluster's node, a Sentinel's primary): fred
+/// names the node of a connection that breaks, not of a reconnection that fails.
+pub(crate) fn describe_node(config: &Config, lost: Option<&Server>) -> String {
+    let deployment = describe(config);
+    match lost {
+        Some(node) if !(config.server.hosts().len() == 1 && config.server.hosts()[0] == *node) => {
+            format!(
+                "{deployment}; the connection lost last was to {}:{}",
+                node.host, node.port
+            )
+        }
+        _ => deployment,
+    }
 }
 
 /// What to tell the user about a connection that failed: the URL names the wrong kind of

@@ -573,7 +573,9 @@ async fn a_call_to_a_dead_node_names_that_node() {
         let text = format!("{error}");
         println!("{kind}: after {took:?}: {text}");
         assert!(
-            text.contains(&format!("not connected to 127.0.0.1:{dead} ")),
+            text.contains(&format!(
+                "the connection lost last was to 127.0.0.1:{dead}:"
+            )),
             "{kind}: the error does not name the dead node 127.0.0.1:{dead}: {text}"
         );
         // The README's bound is about 25 ms past the wait; generous here for a loaded machine.

@@ -19,6 +19,9 @@ pub(crate) struct ConnectionErrors {
 struct State {
     errors: broadcast::Receiver<(Error, Option<Server>)>,
     last: Option<Error>,
+    /// The node of the last connection that broke (fred does not name the node of a failed
+    /// reconnection).
+    lost: Option<Server>,
 }
 
 impl ConnectionErrors {
@@ -28,6 +31,7 @@ impl ConnectionErrors {
             state: Mutex::new(State {
                 errors: fred.error_rx(),
                 last: None,
+                lost: None,
             }),
         }
     }
@@ -43,7 +47,12 @@ impl ConnectionErrors {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         loop {
             match state.errors.try_recv() {
-                Ok((error, _)) => state.last = Some(error),
+                Ok((error, node)) => {
+                    state.last = Some(error);
+                    if node.is_some() {
+                        state.lost = node;
+                    }
+                }
                 Err(TryRecvError::Lagged(_)) => {}
                 Err(TryRecvError::Empty | TryRecvError::Closed) => break,
             }
@@ -56,7 +65,7 @@ impl ConnectionErrors {
         let hint = crate::url::connect_failure_hint(error, config.database, config.tls.is_some());
         Some(format!(
             "not connected to {}: {error}; {hint}",
-            crate::url::describe(&config)
+            crate::url::describe_node(&config, state.lost.as_ref())
         ))
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use fred::clients::Client;
 use fred::interfaces::ClientLike;
 use fred::types::Value;
+use tokio::time::Instant;
 
 use super::RELEASE_TIMEOUT;
 use super::run::run_plain;
@@ -29,17 +30,19 @@ impl InFlight {
     }
 
     /// The attempt failed: cleans up (as when dropped) and waits for that, at most
-    /// [`RELEASE_TIMEOUT`], before the caller retries with the same token. A cleanup release
-    /// still on its way would delete the retry's grant: after a `CLIENT KILL` the release went
-    /// out once fred had reconnected the old connection, after the retry on another one had
-    /// been granted, and the holder ran without its key.
-    pub(super) async fn fail(mut self) {
+    /// [`RELEASE_TIMEOUT`] and never past the caller's `deadline`, before the caller retries
+    /// with the same token. A cleanup release still on its way would delete the retry's grant:
+    /// after a `CLIENT KILL` the release went out once fred had reconnected the old connection,
+    /// after the retry on another one had been granted, and the holder ran without its key. At
+    /// the deadline no retry follows, so the caller need not wait for it.
+    pub(super) async fn fail(mut self, deadline: Instant) {
         let Some(loan) = self.loan.take() else {
             return;
         };
         if let Some(released) = abandon(loan, self.cleanup.take(), self.shared.clone()) {
             // Past the bound (or if the caller is cancelled) it finishes in the background.
-            let _ = tokio::time::timeout(RELEASE_TIMEOUT, released).await;
+            let until = deadline.min(Instant::now() + RELEASE_TIMEOUT);
+            let _ = tokio::time::timeout_at(until, released).await;
         }
     }
 }

@@ -139,7 +139,7 @@ impl Connection {
             failed => {
                 // The connection may still be blocked in WAIT or broken: never reuse it, and
                 // clean up on it (the attempt may still run) before the caller retries.
-                in_flight.fail().await;
+                in_flight.fail(deadline).await;
                 self.forget_topology();
                 Err(OpError::Failed(match failed {
                     Ok(Err(error)) => {
