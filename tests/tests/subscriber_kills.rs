@@ -116,7 +116,10 @@ const RESUBSCRIBE_KEYS: usize = 3000;
 
 /// Channels subscribed on the server, summed over `ports` (a cluster's primaries).
 fn channels_on(ports: &[u16]) -> usize {
-    ports.iter().map(|&p| harness::shard_channels(p).len()).sum()
+    ports
+        .iter()
+        .map(|&p| harness::shard_channels(p).len())
+        .sum()
 }
 
 /// After its subscriber connection is killed, a client waiting on thousands of keys in a
@@ -185,7 +188,9 @@ async fn a_reconnect_resubscribes_every_channel_at_once(kind: ServerKind) {
         back = channels_on(&ports);
     }
     let took = killed.elapsed();
-    println!("{kind}: {back} of {RESUBSCRIBE_KEYS} channels subscribed again {took:?} after the kill");
+    println!(
+        "{kind}: {back} of {RESUBSCRIBE_KEYS} channels subscribed again {took:?} after the kill"
+    );
     release.send_replace(true);
     for holder in holders {
         holder.await.expect("holder task").expect("holder");
@@ -193,7 +198,10 @@ async fn a_reconnect_resubscribes_every_channel_at_once(kind: ServerKind) {
     for waiter in waiters {
         waiter.await.expect("waiter task").expect("waiter");
     }
-    assert_eq!(back, RESUBSCRIBE_KEYS, "{kind}: channels not subscribed again");
+    assert_eq!(
+        back, RESUBSCRIBE_KEYS,
+        "{kind}: channels not subscribed again"
+    );
     assert!(
         took < Duration::from_secs(2),
         "{kind}: {RESUBSCRIBE_KEYS} channels took {took:?} to be subscribed again"

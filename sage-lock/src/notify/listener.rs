@@ -1,7 +1,7 @@
 //! The subscriber connection's task: it reads release messages and wakes the waiters they name,
 //! subscribes again after a reconnect, and drops channels that lingered idle.
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use fred::bytes::Bytes;
@@ -56,10 +56,14 @@ pub(super) fn deliver_message(shared: &Shared, channel: &[u8], payload: &fred::t
     }
 }
 
+/// How many `SSUBSCRIBE`s a resubscription after a reconnect keeps in flight at once.
+const RESUBSCRIBE_IN_FLIGHT: usize = 256;
+
 /// After a reconnect the server has forgotten the subscriptions: subscribe again the channels
-/// waiters watch (one command per channel, which stays valid if slots moved) and wake every
-/// waiter once. Idle channels are left to linger and be unsubscribed (see [`connection_reset`]).
-async fn resubscribe(client: &Client, shared: &Shared) {
+/// waiters watch (one command per channel, which stays valid if slots moved; up to
+/// [`RESUBSCRIBE_IN_FLIGHT`] at once, not one round trip after another) and wake every waiter
+/// once. Idle channels are left to linger and be unsubscribed (see [`connection_reset`]).
+async fn resubscribe(client: &Client, shared: &Arc<Shared>) {
     connection_reset(shared);
     let channels: Vec<Bytes> = match shared.channels.lock() {
         Ok(channels) => channels
@@ -69,9 +73,16 @@ async fn resubscribe(client: &Client, shared: &Shared) {
             .collect(),
         Err(_) => return,
     };
+    // Dropped with this task (the subscriber closed), the set aborts what is still in flight.
+    let mut in_flight = tokio::task::JoinSet::new();
     for channel in channels {
-        resubscribe_one(client, shared, channel).await;
+        if in_flight.len() >= RESUBSCRIBE_IN_FLIGHT {
+            in_flight.join_next().await;
+        }
+        let (client, shared) = (client.clone(), Arc::clone(shared));
+        in_flight.spawn(async move { resubscribe_one(&client, &shared, channel).await });
     }
+    while in_flight.join_next().await.is_some() {}
 }
 
 /// Unsubscribes the channels idle for [`LINGER`], one at a time. A channel leaves the records
