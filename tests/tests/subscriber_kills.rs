@@ -125,7 +125,8 @@ fn channels_on(ports: &[u16]) -> usize {
 /// After its subscriber connection is killed, a client waiting on thousands of keys in a
 /// cluster subscribes their channels again together, not one round trip after another: its
 /// waiters are back on release notifications within about a second, instead of polling for
-/// seconds (an audit: about 6 s for 5,000 channels).
+/// seconds (an audit: about 6 s for 5,000 channels). Once idle, the channels are dropped
+/// together too.
 async fn a_reconnect_resubscribes_every_channel_at_once(kind: ServerKind) {
     let cluster = harness::Cluster::start(kind);
     let ports: Vec<u16> = cluster.nodes.iter().take(3).map(|n| n.port()).collect();
@@ -205,6 +206,24 @@ async fn a_reconnect_resubscribes_every_channel_at_once(kind: ServerKind) {
     assert!(
         took < Duration::from_secs(2),
         "{kind}: {RESUBSCRIBE_KEYS} channels took {took:?} to be subscribed again"
+    );
+    // Idle, the channels linger 2 s and are then dropped together (the subscriber reads no
+    // release message while it sweeps).
+    let idle = Instant::now();
+    let mut left = channels_on(&ports);
+    while left > 0 && idle.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        left = channels_on(&ports);
+    }
+    let swept = idle.elapsed();
+    println!("{kind}: {left} channels left {swept:?} after the last waiter");
+    assert_eq!(
+        left, 0,
+        "{kind}: channels left subscribed by the idle client"
+    );
+    assert!(
+        swept < Duration::from_secs(5),
+        "{kind}: {RESUBSCRIBE_KEYS} idle channels took {swept:?} to be dropped"
     );
     holder.quit().await;
     waiter.quit().await;
