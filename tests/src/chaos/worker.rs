@@ -249,6 +249,7 @@ impl TaskCtx {
                 try_lock,
             },
         );
+        let called = std::time::Instant::now();
         let result = match (op, try_lock) {
             (Op::Mutex(key), true) => self.locks.try_with_lock(key, self.body(op, hold)).await,
             (Op::Mutex(key), false) => self
@@ -288,7 +289,20 @@ impl TaskCtx {
                 // The whole message (the history keeps only its kind), for whoever reads a
                 // failed run: `<monotonic ns> task <n>: <error>` in the worker's stderr file.
                 eprintln!("{} task {}: {e}", super::clock::now_ns(), self.task);
-                error_event(key, &e)
+                let mut event = error_event(key, &e);
+                // A timeout past its bound (the README: about 25 ms past the wait) is marked
+                // `:late`; the summary counts it (a pause of this process also makes one).
+                let limit = if try_lock {
+                    sage_lock::TRY_LOCK_RETRY_WINDOW
+                } else {
+                    wait
+                };
+                if let (LockError::TimedOut { .. }, Event::Error { kind, .. }) = (&e, &mut event)
+                    && called.elapsed() > limit + LATE_TIMEOUT
+                {
+                    kind.push_str(":late");
+                }
+                event
             }
         };
         self.history.record(self.task, event);
@@ -379,6 +393,10 @@ impl TaskCtx {
         outcomes
     }
 }
+
+/// How far past its wait (or the try window) a `TimedOut` may come before it is marked late:
+/// the README's 25 ms, plus scheduling slack on a loaded 2-core machine.
+const LATE_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// A mutex key: hot most of the time.
 fn mutex_key(rng: &mut StdRng) -> &'static str {
