@@ -375,6 +375,18 @@ impl Watch<'_> {
         }
     }
 
+    /// A release this watch should have heard of was found by a poll instead: the server may
+    /// have dropped the subscription (a slot that moved to another node unsubscribes its shard
+    /// channels, and fred does not pass that on). The next watch subscribes the channel again,
+    /// which is harmless if it was not dropped.
+    pub(crate) fn missed_release(&self) {
+        if let Ok(mut channels) = self.notifier.shared.channels.lock()
+            && let Some(entry) = channels.get_mut(&self.channel)
+        {
+            entry.subscribed = false;
+        }
+    }
+
     /// Resolves when a release names this waiter as the next owner (or a permit is stored).
     pub(crate) fn notified(&self) -> tokio::sync::futures::Notified<'_> {
         self.wake.notified()

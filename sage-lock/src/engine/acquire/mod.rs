@@ -237,6 +237,8 @@ async fn acquire_loop(
     // Waiting calls of this kind line up locally ([`Rules::local_line`]), and another local task
     // already waits for a key: if it waits for this one, follow it.
     let in_line = waiting && rules.local_line();
+    // The last sleep ran its whole delay while a release notification was expected.
+    let mut polled = false;
     if in_line && engine.waiters.any() && !waiter.try_lead() && !waiter.follow(deadline).await {
         return Err(Stop::TimedOut(TimeoutReason::Busy));
     }
@@ -293,6 +295,10 @@ async fn acquire_loop(
             .and_then(|(reply, ack, node)| Ok((parse_acquire(reply)?, ack, node)));
         match outcome {
             Ok((AcquireReply::Granted { fence, parts }, Ack::Confirmed, granted_by)) => {
+                if polled {
+                    // The release came, but not its notification.
+                    place.missed_release();
+                }
                 // The next local waiter joins the server's queue while this one holds.
                 if waiter.resign() {
                     let_follower_queue().await;
@@ -457,8 +463,10 @@ async fn acquire_loop(
                 _ => std::future::pending().await,
             }
         };
+        let notified = busy && place.subscribed;
+        polled = false;
         tokio::select! {
-            () = tokio::time::sleep(delay) => {}
+            () = tokio::time::sleep(delay) => polled = notified,
             () = named => {}
             () = local => {}
         }

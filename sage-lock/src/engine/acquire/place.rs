@@ -92,6 +92,13 @@ impl<'a> Place<'a> {
         fresh
     }
 
+    /// A poll found the release this place waited for (its watches heard nothing): their
+    /// channels are subscribed again by the next watch (see [`Watch::missed_release`]).
+    pub(super) fn missed_release(&mut self) {
+        self.watches.iter().for_each(Watch::missed_release);
+        self.subscribed = false;
+    }
+
     /// Resolves when a release names this waiter on any watched channel (never, with none).
     pub(super) async fn named(&self) {
         if self.watches.is_empty() {
