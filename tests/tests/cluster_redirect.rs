@@ -9,6 +9,8 @@
 //! replica of the node that really runs the script can acknowledge it, so nothing may be
 //! reported as acknowledged. `INFO commandstats` deltas show which node ran what.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use harness::{Cluster, Server, ServerKind};
@@ -390,32 +392,6 @@ async fn ask_release_keeps_the_shared_connection() {
     }
 }
 
-/// How long after `holder` releases `key` (held 100 ms) `waiter`, waiting meanwhile, enters.
-async fn handoff_gap(holder: &Locks<str>, waiter: &Locks<str>, key: &str) -> Duration {
-    let (held_tx, held) = tokio::sync::oneshot::channel::<()>();
-    let holding = {
-        let holder = holder.clone();
-        let key = key.to_owned();
-        tokio::spawn(async move {
-            holder
-                .with_lock(key.as_str(), Duration::from_secs(5), async {
-                    let _ = held_tx.send(());
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    Instant::now()
-                })
-                .await
-                .expect("holder")
-        })
-    };
-    held.await.expect("the holder entered");
-    let entered = waiter
-        .with_lock(key, Duration::from_secs(5), async { Instant::now() })
-        .await
-        .expect("waiter");
-    let released = holding.await.expect("holder task");
-    entered.saturating_duration_since(released)
-}
-
 /// A waited key's slot moves to another primary (the old owner drops the shard channel's
 /// subscribers with an `SUNSUBSCRIBE` that fred does not pass on): the next hand-offs still
 /// come by release notification within a few round trips, not by the 500 ms poll. Before,
@@ -434,7 +410,7 @@ async fn release_notifications_survive_a_slot_move() {
             a.lock_with(options()).expect("opts"),
             b.lock_with(options()).expect("opts"),
         );
-        let before = handoff_gap(&la, &lb, "hot").await;
+        let before = common::handoff_gap(&la, &lb, "hot").await;
         let slot = harness::key_slot(&LockClient::server_key(&ns, "hot"));
         let source = cluster.primary_for_slot(slot);
         let target = cluster
@@ -448,7 +424,7 @@ async fn release_notifications_survive_a_slot_move() {
         cluster.assign_slot(slot, source, target);
         let mut after = Vec::new();
         for _ in 0..6 {
-            after.push(handoff_gap(&la, &lb, "hot").await);
+            after.push(common::handoff_gap(&la, &lb, "hot").await);
         }
         println!("{kind}: hand-off {before:?} before the slot moved, then {after:?}");
         // The first may take the poll (its notification was lost); the rest may not.

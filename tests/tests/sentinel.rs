@@ -102,3 +102,42 @@ async fn failover_loses_held_lock_then_new_primary_serves() {
         );
     }
 }
+
+/// After a `SENTINEL FAILOVER`, hand-offs come by release notification again within a few
+/// rounds: the subscriber connection follows the primary. Before, it stayed on the demoted
+/// primary, where the new primary's releases are not published, for about 10 s (an audit), and
+/// every hand-off meanwhile took the 500 ms poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_notifications_follow_a_failover() {
+    for kind in ServerKind::ALL {
+        let setup = SentinelSetup::start(kind);
+        let old_primary = setup.current_primary_port();
+        let options = || LockOptions::new().namespace("failover-notify");
+        let a = LockClient::connect(&setup.url()).await.expect("connect");
+        let b = LockClient::connect(&setup.url()).await.expect("connect");
+        let (la, lb): (Locks<str>, Locks<str>) = (
+            a.lock_with(options()).expect("opts"),
+            b.lock_with(options()).expect("opts"),
+        );
+        let before = common::handoff_gap(&la, &lb, "k0").await;
+        setup.sentinels[0].cmd_ok(&["SENTINEL", "FAILOVER", harness::SENTINEL_SERVICE]);
+        setup
+            .wait_for_failover(old_primary, Duration::from_secs(20))
+            .expect("failover completes");
+        let mut after = Vec::new();
+        for i in 1..=8 {
+            after.push(common::handoff_gap(&la, &lb, &format!("k{i}")).await);
+        }
+        println!("{kind}: hand-off {before:?} before the failover, then {after:?}");
+        let slow = after[4..]
+            .iter()
+            .filter(|gap| **gap > Duration::from_millis(150))
+            .count();
+        assert!(
+            slow <= 1,
+            "{kind}: hand-offs after the failover took the poll: {after:?}"
+        );
+        a.quit().await;
+        b.quit().await;
+    }
+}

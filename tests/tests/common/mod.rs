@@ -715,3 +715,29 @@ fn outlive_runtimes(target: &Target) {
     }
     runtime().block_on(client.quit());
 }
+
+/// How long after `holder` releases `key` (held 100 ms) `waiter`, waiting meanwhile, enters.
+pub async fn handoff_gap(holder: &Locks<str>, waiter: &Locks<str>, key: &str) -> Duration {
+    let (held_tx, held) = tokio::sync::oneshot::channel::<()>();
+    let holding = {
+        let holder = holder.clone();
+        let key = key.to_owned();
+        tokio::spawn(async move {
+            holder
+                .with_lock(key.as_str(), Duration::from_secs(5), async {
+                    let _ = held_tx.send(());
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Instant::now()
+                })
+                .await
+                .expect("holder")
+        })
+    };
+    held.await.expect("the holder entered");
+    let entered = waiter
+        .with_lock(key, Duration::from_secs(5), async { Instant::now() })
+        .await
+        .expect("waiter");
+    let released = holding.await.expect("holder task");
+    entered.saturating_duration_since(released)
+}
