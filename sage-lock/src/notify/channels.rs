@@ -21,6 +21,9 @@ const RECENT: usize = 64;
 #[derive(Debug, Default)]
 pub(super) struct Shared {
     pub(super) channels: Mutex<HashMap<Bytes, Channel>>,
+    /// Releases waiters found by polling, though subscribed, since the last message came (see
+    /// [`Watch::missed_release`](super::Watch::missed_release)).
+    pub(super) missed: std::sync::atomic::AtomicU32,
 }
 
 /// One watched channel.

@@ -50,6 +50,8 @@ pub(super) fn spawn_listener(client: &Client, shared: Weak<Shared>) -> JoinHandl
 }
 
 pub(super) fn deliver_message(shared: &Shared, channel: &[u8], payload: &fred::types::Value) {
+    // Messages reach this connection: the releases polls found were not lost to it.
+    shared.missed.store(0, std::sync::atomic::Ordering::Relaxed);
     if let Some(payload) = payload.as_bytes() {
         let (head, grant) = parse_message(payload);
         deliver(shared, channel, head, grant);

@@ -48,6 +48,10 @@ use channels::{
 use listener::spawn_listener;
 pub(crate) use message::{Grant, channel};
 
+/// How many releases found by polling, with no message in between, make the subscriber
+/// connection reconnect (see [`Watch::missed_release`]).
+const MISSES_BEFORE_RECONNECT: u32 = 2;
+
 /// One client's subscriber connection and the channels its waiters watch.
 #[derive(Debug)]
 pub(crate) struct Notifier {
@@ -378,13 +382,36 @@ impl Watch<'_> {
     /// A release this watch should have heard of was found by a poll instead: the server may
     /// have dropped the subscription (a slot that moved to another node unsubscribes its shard
     /// channels, and fred does not pass that on). The next watch subscribes the channel again,
-    /// which is harmless if it was not dropped.
+    /// which is harmless if it was not dropped. After [`MISSES_BEFORE_RECONNECT`] such releases
+    /// with no message in between, the subscriber connection itself may be on the wrong node
+    /// (a Sentinel's demoted primary): it reconnects, to the current primary, and subscribes
+    /// every watched channel again.
     pub(crate) fn missed_release(&self) {
-        if let Ok(mut channels) = self.notifier.shared.channels.lock()
+        let shared = &self.notifier.shared;
+        if let Ok(mut channels) = shared.channels.lock()
             && let Some(entry) = channels.get_mut(&self.channel)
         {
             entry.subscribed = false;
         }
+        let missed = shared.missed.fetch_add(1, Ordering::Relaxed) + 1;
+        if missed < MISSES_BEFORE_RECONNECT {
+            return;
+        }
+        shared.missed.store(0, Ordering::Relaxed);
+        let (Some(subscriber), Ok(runtime)) = (
+            self.notifier.live_subscriber(),
+            tokio::runtime::Handle::try_current(),
+        ) else {
+            return;
+        };
+        tracing::debug!(
+            missed,
+            "waiters found releases by polling: reconnecting the subscriber connection"
+        );
+        runtime.spawn(async move {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(5), subscriber.force_reconnection()).await;
+        });
     }
 
     /// Resolves when a release names this waiter as the next owner (or a permit is stored).
