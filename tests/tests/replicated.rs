@@ -533,3 +533,35 @@ async fn holds_acquired_through_a_full_pool_renew_in_batches() {
     );
     client.quit().await;
 }
+
+/// A plain URL naming a replica (with or without `replicated(true)`) is refused at connect,
+/// naming its primary: every lock call on it would wait out its wait on `READONLY`. Before,
+/// `connect` succeeded and every `with_lock` ended `TimedOut` with "READONLY You can't write
+/// against a read only replica" (an audit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_behind_a_plain_url_is_refused() {
+    for kind in ServerKind::ALL {
+        let setup = harness::shared_replicated(kind);
+        let replica = &setup.replicas[0];
+        for replicated in [false, true] {
+            let result = LockClient::builder()
+                .url(&replica.url())
+                .replicated(replicated)
+                .connect()
+                .await;
+            let Err(LockError::InvalidArgument {
+                argument: "url",
+                message,
+            }) = result
+            else {
+                panic!("{kind}: a replica's URL was not refused: {result:?}");
+            };
+            println!("{kind}: {message}");
+            assert!(
+                message.contains("is a replica")
+                    && message.contains(&setup.primary.port().to_string()),
+                "{kind}: {message}"
+            );
+        }
+    }
+}

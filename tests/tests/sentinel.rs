@@ -141,3 +141,27 @@ async fn release_notifications_follow_a_failover() {
         b.quit().await;
     }
 }
+
+/// A Sentinel's address behind a plain `redis://` URL is refused at connect, with the URL to
+/// use. Before, `connect` succeeded and every call failed with "unknown command 'EVALSHA'"
+/// (an audit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_behind_a_plain_url_is_refused() {
+    for kind in ServerKind::ALL {
+        let setup = harness::shared_sentinel(kind);
+        let port = setup.sentinels[0].port();
+        let result = LockClient::connect(&format!("redis://127.0.0.1:{port}")).await;
+        let Err(LockError::InvalidArgument {
+            argument: "url",
+            message,
+        }) = result
+        else {
+            panic!("{kind}: a Sentinel's URL was not refused: {result:?}");
+        };
+        println!("{kind}: {message}");
+        assert!(
+            message.contains("is a Sentinel") && message.contains("redis-sentinel://"),
+            "{kind}: {message}"
+        );
+    }
+}

@@ -91,6 +91,41 @@ async fn acl_missing_wait_on_a_replicated_deployment_is_named() {
     }
 }
 
+/// A user missing a command only the renewal script calls (`GET`, under `redis.pcall`): the
+/// renewal's loss quotes the denial and names the grant. Before, the denial was taken for the
+/// key no longer holding the token: `LockLost(NotOwner)`, "expired, deleted or overwritten".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_missing_renewal_command_is_a_named_renewal_loss() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let user = User::new(server, without(&["+get"]));
+        let client = user.client(false).await;
+        let locks: Locks<str> = client
+            .lock_with(user.options(Duration::from_millis(300)))
+            .expect("options");
+        let error = locks
+            .with_lock("k", Duration::from_secs(2), async {
+                tokio::time::sleep(Duration::from_millis(700)).await;
+            })
+            .await
+            .expect_err("the renewal is denied");
+        let text = error.to_string();
+        eprintln!("lost as expected: {text}");
+        assert!(
+            matches!(
+                &error,
+                LockError::LockLost {
+                    reason: LossReason::RenewalFailed(_),
+                    ..
+                }
+            ) && text.contains("NOPERM")
+                && text.contains("+get"),
+            "{kind}: {text}"
+        );
+        client.quit().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acl_revoked_during_a_hold_is_a_named_renewal_loss() {
     for kind in ServerKind::ALL {
