@@ -60,6 +60,11 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
 
+    // The next `#[locked]` down is still on the item: a second lock, nested in this one.
+    if let Some(again) = func.attrs.iter().find(|attr| is_locked(attr)) {
+        errors.spanned(again, LOCKED_TWICE);
+    }
+
     let shape = match Shape::of(&func) {
         Ok(shape) => Some(shape),
         Err(error) => {
@@ -128,6 +133,19 @@ fn key_tokens(
             Some(quote!(::std::vec![#(#all),*]))
         }
     }
+}
+
+/// What a second `#[locked]` on one function is told.
+const LOCKED_TWICE: &str = "`#[locked]` is applied twice: the locks would nest (this one \
+     inside the one above), and two functions taking the same keys in opposite orders can \
+     deadlock; take several keys together with one attribute: `key = [\"a:{x}\", \"b:{y}\"]`";
+
+/// Whether `attr` is `#[locked(..)]` (by any path ending in `locked`).
+fn is_locked(attr: &syn::Attribute) -> bool {
+    attr.path()
+        .segments
+        .last()
+        .is_some_and(|segment| segment.ident == "locked")
 }
 
 fn krate(args: &Args) -> TokenStream {

@@ -1,7 +1,7 @@
 //! Server URLs: which schemes are accepted, clear errors for bad ones, passwords kept out of
 //! every message.
 
-use fred::types::config::{Config, Server};
+use fred::types::config::{Config, Server, ServerConfig};
 
 use crate::error::LockError;
 use crate::topology::Deployment;
@@ -205,6 +205,19 @@ pub(crate) fn mismatch_hint(error: &fred::error::Error, database: Option<u8>) ->
              redis://"
                 .to_owned(),
         )
+    } else if details.contains("Missing primary address in response from sentinel") {
+        Some(
+            "the Sentinels know no primary by the URL's service name: check \
+             sentinelServiceName=NAME against `SENTINEL MASTERS` on a Sentinel"
+                .to_owned(),
+        )
+    } else if details.contains("Invalid or missing cluster state") {
+        Some(
+            "the cluster node has no usable slot map (CLUSTER INFO: cluster_state not ok, or \
+             no slots assigned): finish setting the cluster up, e.g. redis-cli --cluster create \
+             or --cluster fix"
+                .to_owned(),
+        )
     } else if details.contains("DB index is out of range") {
         let named = database.map_or_else(
             || "the URL's database".to_owned(),
@@ -219,32 +232,50 @@ pub(crate) fn mismatch_hint(error: &fred::error::Error, database: Option<u8>) ->
     }
 }
 
-/// Refuses a cluster node reached through a plain URL: as a standalone client it would reach
-/// only that node's slots (`MOVED` for every other key) and scan one node. A server that does
-/// not answer `INFO cluster` (an ACL without `INFO`) is let through.
-pub(crate) async fn refuse_cluster_node(
+/// Refuses a node no lock can be taken on through a plain URL (or one Sentinel named): a
+/// cluster node (as a standalone client it would reach only that node's slots, `MOVED` for
+/// every other key, and scan one node), a Sentinel (it runs no scripts) and, given directly, a
+/// replica (`READONLY` for every write). A server that does not answer `INFO` (an ACL without
+/// it) is let through.
+pub(crate) async fn refuse_wrong_node(
     client: &fred::clients::Client,
     target: &str,
     timeout: std::time::Duration,
 ) -> Result<(), LockError> {
     use fred::interfaces::ClientLike as _;
-    let info = tokio::time::timeout(
-        timeout,
-        client.info::<String>(Some(fred::types::InfoKind::Cluster)),
-    )
-    .await;
-    match info {
-        Ok(Ok(info)) if info.lines().any(|line| line.trim() == "cluster_enabled:1") => {
-            Err(LockError::invalid(
-                "url",
-                format!(
-                    "{target} is a cluster node: connect with redis-cluster://host:port (any \
-                     node's address; the client finds the others), or rediss-cluster:// for TLS"
-                ),
-            ))
-        }
-        _ => Ok(()),
-    }
+    let Ok(Ok(info)) = tokio::time::timeout(timeout, client.info::<String>(None)).await else {
+        return Ok(());
+    };
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
+    };
+    let problem = if field("cluster_enabled") == Some("1") {
+        format!(
+            "{target} is a cluster node: connect with redis-cluster://host:port (any node's \
+             address; the client finds the others), or rediss-cluster:// for TLS"
+        )
+    } else if field("redis_mode") == Some("sentinel") || field("server_mode") == Some("sentinel") {
+        format!(
+            "{target} is a Sentinel, which runs no locks: connect through it with \
+             redis-sentinel://host:port?sentinelServiceName=NAME (the Sentinels' addresses; \
+             they name the primary of the service NAME)"
+        )
+    } else if field("role") == Some("slave")
+        && !matches!(client.client_config().server, ServerConfig::Sentinel { .. })
+    {
+        let primary = match (field("master_host"), field("master_port")) {
+            (Some(host), Some(port)) => format!(" of {host}:{port}"),
+            _ => String::new(),
+        };
+        format!(
+            "{target} is a replica{primary}, which refuses writes: connect to the primary, or \
+             through Sentinel (redis-sentinel://) to follow failovers"
+        )
+    } else {
+        return Ok(());
+    };
+    Err(LockError::invalid("url", problem))
 }
 
 #[cfg(test)]
@@ -376,6 +407,26 @@ mod tests {
         assert_eq!(
             plain.ok().map(|c| Deployment::of(&c.server)),
             Some(Deployment::Standalone)
+        );
+    }
+
+    #[test]
+    fn a_wrong_service_name_and_an_unready_cluster_are_named_not_taken_for_tls() {
+        use fred::error::{Error, ErrorKind};
+        let sentinel = Error::new(
+            ErrorKind::Sentinel,
+            "Missing primary address in response from sentinel node.",
+        );
+        let hint = connect_failure_hint(&sentinel, None, false);
+        assert!(
+            hint.contains("sentinelServiceName") && !hint.contains("rediss://"),
+            "{hint}"
+        );
+        let cluster = Error::new(ErrorKind::Protocol, "Invalid or missing cluster state.");
+        let hint = connect_failure_hint(&cluster, None, false);
+        assert!(
+            hint.contains("cluster_state") && !hint.contains("rediss://"),
+            "{hint}"
         );
     }
 }

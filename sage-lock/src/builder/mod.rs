@@ -472,7 +472,7 @@ impl LockClientBuilder {
         }
         if deployment != Deployment::Cluster
             && let Err(error) =
-                crate::url::refuse_cluster_node(&fred, &target, self.command_timeout).await
+                crate::url::refuse_wrong_node(&fred, &target, self.command_timeout).await
         {
             let _ = tokio::time::timeout(Duration::from_secs(1), fred.quit()).await;
             if let Some(task) = task {

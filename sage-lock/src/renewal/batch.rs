@@ -22,14 +22,24 @@ use crate::scripts::Script;
 /// the sorted set, scored by its expiry in server ms: move its expiry and keep the set alive at
 /// least as long). Replies one code per key: 1 renewed, 0 no longer ours (a key of the wrong
 /// type counts as that, for that key alone), 2 served by another node (see [`RENEW_ACROSS`]).
+/// A command the ACL denies fails the whole call with the server's `NOPERM` error.
 macro_rules! renew_loop {
     () => {
         r"
 local now
 local renewed = {}
-local function verdict(reply)
-  if type(reply) == 'table' and reply.err and not string.find(reply.err, 'WRONGTYPE', 1, true) then
-    return moved
+local function verdict(reply, command)
+  if type(reply) == 'table' and reply.err then
+    -- A command the ACL denies fails the whole call (the user lacks it for every hold), named
+    -- as the server names a denied command outside a script.
+    local e = reply.err
+    if string.find(e, 'NOPERM', 1, true) or string.find(e, [[can't run this command]], 1, true)
+      or string.find(e, 'ACL failure', 1, true) then
+      error({err = e .. [[ (no permissions to run the ']] .. command .. [[' command)]]})
+    end
+    if not string.find(e, 'WRONGTYPE', 1, true) then
+      return moved
+    end
   end
   return 0
 end
@@ -42,7 +52,7 @@ for i = 1, #keys do
     if held == token or held == token .. '+' then
       renewed[i] = redis.call('PEXPIRE', keys[i], lease)
     else
-      renewed[i] = verdict(held)
+      renewed[i] = verdict(held, 'get')
     end
   else
     if not now then
@@ -57,7 +67,7 @@ for i = 1, #keys do
       end
       renewed[i] = 1
     else
-      renewed[i] = verdict(score)
+      renewed[i] = verdict(score, 'zscore')
     end
   end
 end

@@ -118,8 +118,7 @@ async fn acl_missing_renewal_command_is_a_named_renewal_loss() {
                     reason: LossReason::RenewalFailed(_),
                     ..
                 }
-            ) && text.contains("NOPERM")
-                && text.contains("+get"),
+            ) && text.contains("grant +get"),
             "{kind}: {text}"
         );
         client.quit().await;
