@@ -18,18 +18,30 @@ pub(crate) struct Check {
     pub(crate) fence_regressions: u64,
 }
 
-/// Removes the run's data keys (counters, owner markers, fences) from the server.
+/// Removes the run's data keys (counters, owner markers, fences) from the server, and the keys
+/// its locks leave behind (each key's fencing counter and `:since` marker): the run's
+/// namespaces are its own, so nothing of it is left on a server the user pointed the demo at.
 pub(crate) async fn remove_data(
     client: &LockClient,
     run: &str,
     settings: &Settings,
 ) -> anyhow::Result<()> {
+    let mut namespaces = vec![format!("demo-{run}")];
+    if settings.break_exclusivity {
+        namespaces.extend((0..=settings.workers).map(|id| format!("demo-{run}-worker-{id}")));
+    }
     for index in 0..settings.keys {
-        let (counter_key, owner_key, fence_key) = data_keys(run, &key_name(index));
-        let _: i64 = client
-            .fred()
-            .del(vec![counter_key, owner_key, fence_key])
-            .await?;
+        let key = key_name(index);
+        let (counter_key, owner_key, fence_key) = data_keys(run, &key);
+        let mut keys: Vec<fred::bytes::Bytes> =
+            vec![counter_key.into(), owner_key.into(), fence_key.into()];
+        for namespace in &namespaces {
+            let lock = LockClient::server_key(namespace, key.as_str());
+            for suffix in ["", ":fence", ":since"] {
+                keys.push([lock.as_slice(), suffix.as_bytes()].concat().into());
+            }
+        }
+        let _: i64 = client.fred().del(keys).await?;
     }
     Ok(())
 }
