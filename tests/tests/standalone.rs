@@ -1224,3 +1224,38 @@ async fn unbounded_pool_and_batch_settings_connect() {
     assert_eq!(renewed, Some(true), "the lease was not renewed");
     client.quit().await;
 }
+
+/// The server killed during a hold whose renewal gets no answer before the lease runs out: the
+/// loss names why the client is not connected (the refused reconnections), not only "no
+/// renewal completed in time" (an audit: the cause was hidden, while `TimedOut` named it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_lost_to_a_killed_server_names_the_cause() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("killed-server")
+                    .lease(Duration::from_secs(2)),
+            )
+            .expect("opts");
+        let result = locks
+            .with_lock("k", Duration::from_secs(1), async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                server.kill();
+                tokio::time::sleep(Duration::from_secs(10)).await;
+            })
+            .await;
+        let Err(error @ LockError::LockLost { .. }) = result else {
+            panic!("{kind}: expected LockLost, got {result:?}");
+        };
+        let text = error.to_string();
+        println!("{kind}: {text}");
+        assert!(
+            text.contains("refused") || text.contains("not connected"),
+            "{kind}: the loss does not name the cause: {text}"
+        );
+        client.quit().await;
+    }
+}
