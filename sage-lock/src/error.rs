@@ -186,7 +186,8 @@ pub enum LossReason {
     /// Renewal kept failing until the usable lease ran out; the last failure is quoted. When no
     /// renewal call was answered at all before then (a lease shorter than the client's command
     /// timeout, 5 s by default, on a connection that went silent: a partition, a stopped
-    /// server), there is no failure to quote, and the text says "no renewal completed in time".
+    /// server), there is no failure to quote, and the text says "no renewal completed in time",
+    /// followed by why the client is not connected when it is not (a refused reconnection).
     RenewalFailed(String),
     /// Replicas did not acknowledge a renewal before the usable lease ran out.
     NotAcknowledged {

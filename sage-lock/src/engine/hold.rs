@@ -51,7 +51,7 @@ pub(crate) async fn hold<F: Future>(
             // The renewer did not report in time (its task starved or gone): never let the body
             // run past the usable lease.
             let reason = held.renewal.take().map_or_else(
-                || LossReason::RenewalFailed("no renewal completed in time".into()),
+                || crate::renewal::unrenewed(&held.engine.conn),
                 Registration::into_loss,
             );
             Err(Box::pin(held.lost(reason)).instrument(span).await)

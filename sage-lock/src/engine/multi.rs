@@ -152,7 +152,7 @@ async fn acquire_all(
                 }
                 index = any_ran_out(&leases, settings.lease), if !leases.is_empty() => Err((
                     Arc::clone(units[index].keys.display()),
-                    LossReason::RenewalFailed("no renewal completed in time".into()),
+                    crate::renewal::unrenewed(&engine.conn),
                 )),
                 acquired = acquiring => Ok(acquired),
             };
@@ -284,7 +284,7 @@ async fn hold_all<F: Future>(
         index = any_ran_out(&leases, settings.lease) => (
             index,
             Arc::clone(units[index].keys.display()),
-            LossReason::RenewalFailed("no renewal completed in time".into()),
+            crate::renewal::unrenewed(&engine.conn),
         ),
         output = body => {
             drop(registrations);

@@ -112,12 +112,25 @@ pub(crate) struct Registration {
 impl Registration {
     /// Stops renewal and returns what the renewer last saw go wrong.
     pub(crate) fn into_loss(self) -> LossReason {
-        let last = self
-            .renewer
-            .upgrade()
-            .and_then(|renewer| renewer.last_problem(self.id));
-        last.unwrap_or_else(|| LossReason::RenewalFailed("no renewal completed in time".into()))
+        let Some(renewer) = self.renewer.upgrade() else {
+            return LossReason::RenewalFailed(NO_RENEWAL.into());
+        };
+        renewer
+            .last_problem(self.id)
+            .unwrap_or_else(|| unrenewed(&renewer.conn))
     }
+}
+
+/// What a lease whose renewals never completed says, without a failure to quote.
+const NO_RENEWAL: &str = "no renewal completed in time";
+
+/// The loss of a lease that ran out with no renewal answered: with why `conn` is down when it
+/// is (a refused connection), so the cause is not hidden.
+pub(crate) fn unrenewed(conn: &Connection) -> LossReason {
+    LossReason::RenewalFailed(match conn.why_down() {
+        Some(why) => format!("{NO_RENEWAL}; {why}"),
+        None => NO_RENEWAL.into(),
+    })
 }
 
 impl Drop for Registration {
