@@ -148,3 +148,26 @@ async fn a_failed_connection_is_an_error_and_no_warning() {
         );
     }
 }
+
+/// A server that requires a password, reached with none: the error says to add one, not that
+/// credentials were refused (none were given; an audit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_password_is_named() {
+    for kind in ServerKind::ALL {
+        let server = harness::Server::start(kind);
+        // After the start: the harness's readiness probe sends no password.
+        server.cmd_ok(&["CONFIG", "SET", "requirepass", "secret"]);
+        let error = LockClient::builder()
+            .url(&format!("redis://127.0.0.1:{}", server.port()))
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .expect_err("no password");
+        let text = error.to_string();
+        println!("{kind}: {text}");
+        assert!(
+            text.contains("requires a password, and none was given"),
+            "{kind}: {text}"
+        );
+    }
+}
