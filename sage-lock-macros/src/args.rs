@@ -142,8 +142,8 @@ pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
                 {
                     errors.at(
                         wait.span,
-                        "`wait` must be positive: to not wait at all, replace \
-                         `wait = \"0s\"` with `try_lock`",
+                        "`wait` must be positive: to not wait at all, replace this `wait` \
+                         with `try_lock`",
                     );
                 }
             }

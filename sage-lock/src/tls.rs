@@ -206,12 +206,11 @@ fn system_roots() -> Result<RootCertStore, LockError> {
 pub(crate) fn connect_hint(error: &Error, tls: bool) -> &'static str {
     let details = error.details();
     let mentions = |words: &[&str]| words.iter().any(|word| details.contains(word));
-    if mentions(&[
-        "WRONGPASS",
-        "NOAUTH",
-        "invalid password",
-        "invalid username-password",
-    ]) {
+    if mentions(&["NOAUTH"]) {
+        "the server requires a password, and none was given: add it to the URL, \
+         redis://:PASSWORD@host:port or redis://USER:PASSWORD@host:port (percent-encode \
+         characters such as @ : / in it), or set it in the fred Config"
+    } else if mentions(&["WRONGPASS", "invalid password", "invalid username-password"]) {
         "the server refused the credentials: check the user name and password in the URL (or \
          the fred Config)"
     } else if mentions(&["CertificateRequired"]) {

@@ -25,6 +25,14 @@ const PARAMETERS: [&str; 2] = ["node", "sentinelServiceName"];
 pub(crate) fn parse_url(url: &str) -> Result<Config, LockError> {
     // Whitespace around a URL (a configuration file, an environment variable) is no part of it.
     let url = url.trim();
+    if url.is_empty() {
+        return Err(LockError::invalid(
+            "url",
+            "the URL is empty (an unset environment variable?); expected redis://host:port[/db], \
+             redis-sentinel://host:port?sentinelServiceName=NAME or \
+             redis-cluster://host:port?node=host2:port2",
+        ));
+    }
     let scheme = url.split_once("://").map(|(scheme, _)| scheme);
     if scheme.is_some_and(|scheme| scheme.to_ascii_lowercase().contains("unix")) {
         return Err(LockError::invalid(
@@ -60,7 +68,7 @@ pub(crate) fn parse_url(url: &str) -> Result<Config, LockError> {
         // fred builds its rustls configuration for rediss:// from the process-wide provider.
         crate::tls::install_crypto_provider();
     }
-    Config::from_url(url).map_err(|error| {
+    let config = Config::from_url(url).map_err(|error| {
         LockError::invalid(
             "url",
             format!(
@@ -71,7 +79,26 @@ pub(crate) fn parse_url(url: &str) -> Result<Config, LockError> {
                 error.details()
             ),
         )
-    })
+    })?;
+    // fred ignores a cluster URL's path: a database there would be silently dropped.
+    let path = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split(['?', '#']).next()?.split_once('/'))
+        .map(|(_, path)| path.trim_end_matches('/'));
+    if let (ServerConfig::Clustered { .. }, Some(database)) = (&config.server, path)
+        && !database.is_empty()
+        && database != "0"
+    {
+        return Err(LockError::invalid(
+            "url",
+            format!(
+                "{} names database {database}, but a cluster has only database 0: remove the \
+                 /{database}",
+                redact(url)
+            ),
+        ));
+    }
+    Ok(config)
 }
 
 /// Refuses a query parameter fred would silently ignore: an unknown or miscased one, and the
@@ -408,6 +435,23 @@ mod tests {
             plain.ok().map(|c| Deployment::of(&c.server)),
             Some(Deployment::Standalone)
         );
+    }
+
+    #[test]
+    fn a_cluster_url_naming_a_database_is_refused() {
+        let Err(err) = parse_url("redis-cluster://127.0.0.1:7000/1") else {
+            panic!("accepted a cluster URL with a database")
+        };
+        assert!(err.to_string().contains("only database 0"), "{err}");
+        assert!(parse_url("redis-cluster://127.0.0.1:7000/0").is_ok());
+    }
+
+    #[test]
+    fn an_empty_url_says_so() {
+        let Err(err) = parse_url("  ") else {
+            panic!("accepted an empty URL")
+        };
+        assert!(err.to_string().contains("the URL is empty"), "{err}");
     }
 
     #[test]

@@ -47,10 +47,10 @@ fn profiles_from_toml_and_env_with_attribute_overrides() {
             ],
         );
         // The override matches an installed profile; the refused second `set_profiles` (with
-        // no profiles) logs nothing either. It logged "environment variable overrides no
-        // installed lock profile" for it, and only then failed.
+        // no profiles) logs nothing either. It logged that the environment variable overrode no
+        // installed lock profile ("overrides nothing" now), and only then failed.
         assert!(
-            !logged.contains("overrides no installed lock profile"),
+            !logged.contains("environment variable overrides nothing"),
             "{}: {logged}",
             kind.name()
         );

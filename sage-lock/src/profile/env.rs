@@ -104,12 +104,12 @@ fn flag(value: &str) -> Result<bool, String> {
     }
 }
 
-/// Variables with the override prefix that match no setting of any profile in `profiles`
-/// (likely typos, or overrides of a profile that is not configured).
+/// The variables with the override prefix that override nothing, each with why: it names no
+/// installed profile, or a setting no profile has (the longest profile prefix it starts with).
 pub(crate) fn unmatched(
     profiles: &Profiles,
     variables: impl Iterator<Item = OsString>,
-) -> Vec<String> {
+) -> Vec<(String, String)> {
     let known: Vec<String> = profiles
         .names()
         .flat_map(|name| SETTINGS.map(|setting| variable(name, setting)))
@@ -117,6 +117,20 @@ pub(crate) fn unmatched(
     variables
         .filter_map(|variable| variable.into_string().ok())
         .filter(|variable| variable.starts_with(PREFIX) && !known.contains(variable))
+        .map(|unknown| {
+            let profile = profiles
+                .names()
+                .filter(|name| unknown.starts_with(&variable(name, "")))
+                .max_by_key(|name| name.len());
+            let why = match profile {
+                Some(name) => format!(
+                    "it names no setting of lock profile {name:?}: the settings are {}",
+                    SETTINGS.join(", ")
+                ),
+                None => "it names no installed lock profile".to_owned(),
+            };
+            (unknown, why)
+        })
         .collect()
 }
 
@@ -241,9 +255,18 @@ mod tests {
             .into_iter()
             .map(OsString::from),
         );
+        let names: Vec<&str> = found.iter().map(|(name, _)| name.as_str()).collect();
         assert_eq!(
-            found,
+            names,
             ["SAGE_LOCK_PROFILE_Q_LEASE", "SAGE_LOCK_PROFILE_P_LEASEE"]
+        );
+        assert!(
+            found[0].1.contains("no installed lock profile"),
+            "{found:?}"
+        );
+        assert!(
+            found[1].1.contains("no setting of lock profile \"p\"") && found[1].1.contains("LEASE"),
+            "{found:?}"
         );
     }
 }

@@ -76,11 +76,11 @@ pub fn set_profiles(profiles: Profiles) -> Result<(), LockError> {
         )
     })?;
     // Only about the profiles installed: a refused call has nothing to warn about.
-    for variable in unmatched {
+    for (variable, why) in unmatched {
         tracing::warn!(
             %variable,
             profiles = ?names,
-            "environment variable overrides no installed lock profile"
+            "environment variable overrides nothing: {why}"
         );
     }
     Ok(())

@@ -65,7 +65,10 @@ impl Settings {
             bail!("--workers and --keys must be at least 1");
         }
         if !(settings.seconds > 0.0 && settings.seconds < 3600.0) {
-            bail!("--seconds must be between 0 and 3600");
+            bail!(
+                "--seconds must be more than 0 and less than 3600, got {}",
+                settings.seconds
+            );
         }
         Ok(settings)
     }
