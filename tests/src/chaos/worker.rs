@@ -301,6 +301,13 @@ impl TaskCtx {
                     && called.elapsed() > limit + LATE_TIMEOUT
                 {
                     kind.push_str(":late");
+                    eprintln!(
+                        "{} task {}: late by {:?} ({:?} to wait)",
+                        super::clock::now_ns(),
+                        self.task,
+                        called.elapsed().saturating_sub(limit),
+                        limit
+                    );
                 }
                 event
             }
