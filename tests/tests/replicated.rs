@@ -565,3 +565,58 @@ async fn a_replica_behind_a_plain_url_is_refused() {
         }
     }
 }
+
+/// A waiter's last attempt, sent with little of its wait left, to a primary that then stops
+/// answering: `TimedOut` still comes at the wait's end. Before, the attempt's pipeline was given
+/// up to 250 ms past the deadline (for the `WAIT` reply), so the call returned about 240 ms
+/// late (chaos runs with blackholes: `timed_out:busy:late`, 250-268 ms past the wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_last_attempt_to_a_stalled_primary_ends_at_the_deadline() {
+    for kind in ServerKind::ALL {
+        let setup = Replicated::start(kind, 1);
+        let options = || {
+            LockOptions::new()
+                .namespace("last-attempt")
+                .lease(Duration::from_secs(2))
+        };
+        let holder = connect_replicated(&setup).await;
+        let waiter = connect_replicated(&setup).await;
+        let (holds, waits): (Locks<str>, Locks<str>) = (
+            holder.lock_with(options()).expect("opts"),
+            waiter.lock_with(options()).expect("opts"),
+        );
+        let (entered_tx, entered) = tokio::sync::oneshot::channel::<()>();
+        let holding = tokio::spawn(async move {
+            let _ = holds
+                .with_lock("k", Duration::from_secs(5), async {
+                    let _ = entered_tx.send(());
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                })
+                .await;
+        });
+        entered.await.expect("the holder entered");
+        // The waiter polls at 500 ms: its second attempt leaves with 30 ms of its wait left.
+        let wait = Duration::from_millis(530);
+        let started = Instant::now();
+        let waited = waits.with_lock("k", wait, async {});
+        let stall = async {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            setup.primary.pause();
+        };
+        let (result, ()) = tokio::join!(waited, stall);
+        let took = started.elapsed();
+        setup.primary.resume();
+        println!("{kind}: {result:?} after {took:?} ({wait:?} to wait)");
+        assert!(
+            matches!(result, Err(LockError::TimedOut { .. })),
+            "{kind}: {result:?}"
+        );
+        assert!(
+            took < wait + Duration::from_millis(150),
+            "{kind}: TimedOut came {took:?} into a {wait:?} wait"
+        );
+        let _ = holding.await;
+        holder.quit().await;
+        waiter.quit().await;
+    }
+}
