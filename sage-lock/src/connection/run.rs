@@ -117,8 +117,10 @@ impl Connection {
             shared: fred.clone(),
         };
         let checked = Box::pin(run_checked(&conn, &self.hints, call, Some(wait_until)));
+        // The reply may come a little after WAIT ends, but never past the caller's deadline:
+        // an acquisition's `TimedOut` comes at its wait's end.
         let grace = Duration::from_millis(250).min(self.command_timeout);
-        let outcome = tokio::time::timeout_at(wait_until + grace, checked).await;
+        let outcome = tokio::time::timeout_at((wait_until + grace).min(deadline), checked).await;
         match outcome {
             Ok(Ok(checked)) => {
                 let loan = in_flight.settle();
