@@ -19,7 +19,7 @@ pub const SENTINEL_COMMANDS: &str = "-@all +sentinel|get-master-addr-by-name +se
 +sentinel|replicas +ping +client|id +info +role";
 
 /// The README's rule for the Sentinels, for user `user`.
-fn sentinel_rule(user: &str) -> String {
+pub(crate) fn sentinel_rule(user: &str) -> String {
     format!("ACL SETUSER {user} on >PASSWORD {SENTINEL_COMMANDS}")
 }
 

@@ -344,3 +344,46 @@ async fn acl_connect_failures_are_named() {
         );
     }
 }
+
+/// Sentinels whose user lacks `+sentinel|replicas`: locks still work (the replica-count floor
+/// starts from `ROLE`), and the client says once, at `warn`, which permission to grant. Before,
+/// the denial was logged at `debug` only and the safety feature was lost silently (an audit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_sentinel_without_replicas_warns_once() {
+    use tracing::instrument::WithSubscriber as _;
+    for kind in ServerKind::ALL {
+        let setup = harness::shared_sentinel(kind);
+        let data: Vec<&Server> = setup.data.servers().collect();
+        let user = User::on(&data, &setup.url(), |rule| rule);
+        for sentinel in &setup.sentinels {
+            set_user(
+                sentinel,
+                &crate::acl::sentinel_rule(&user.name),
+                without(&["+sentinel|replicas"]),
+            );
+        }
+        let captured = harness::Captured::default();
+        let text = async {
+            let client = user.client(false).await;
+            let locks: Locks<str> = client
+                .lock_with(user.options(Duration::from_secs(5)))
+                .expect("options");
+            for _ in 0..3 {
+                locks
+                    .with_lock("k", Duration::from_secs(5), async {})
+                    .await
+                    .expect("locks work without SENTINEL REPLICAS");
+            }
+            client.quit().await;
+            captured.text()
+        }
+        .with_subscriber(captured.warn_subscriber())
+        .await;
+        println!("{kind}: {text}");
+        assert_eq!(
+            text.matches("grant +sentinel|replicas").count(),
+            1,
+            "{kind}: {text}"
+        );
+    }
+}
