@@ -54,12 +54,25 @@ impl SentinelSeed {
             .done
             .get_or_try_init(|| async {
                 let node = conn.active_connections().into_iter().next();
-                if let Some(count) = known_replicas(&fred.client_config(), limit).await {
-                    tracing::debug!(count, "replica floor seeded from Sentinel");
-                    hints.seed(node, count);
+                let denied = match known_replicas(&fred.client_config(), limit).await {
+                    Ok(count) => {
+                        tracing::debug!(count, "replica floor seeded from Sentinel");
+                        hints.seed(node, count);
+                        return Ok(());
+                    }
+                    Err(denied) => denied,
+                };
+                tracing::debug!("no Sentinel answered; the replica floor starts from ROLE");
+                if let Some(error) = denied {
+                    // A missing permission does not go away by asking again: said once.
+                    tracing::warn!(
+                        %error,
+                        "a Sentinel's ACL denies SENTINEL REPLICAS: grant +sentinel|replicas to \
+                         this user on every Sentinel; until then a new client's replica-count \
+                         floor starts from ROLE (see Failover under Limits in the README)"
+                    );
                     return Ok(());
                 }
-                tracing::debug!("no Sentinel answered; the replica floor starts from ROLE");
                 if self.failures.fetch_add(1, Ordering::Relaxed) + 1 >= SEED_ATTEMPTS {
                     Ok(())
                 } else {
@@ -77,18 +90,23 @@ impl SentinelSeed {
 const DOWN_FLAGS: [&str; 2] = ["s_down", "o_down"];
 
 /// How many replicas of `config`'s service the first Sentinel that answers before `deadline`
-/// considers up (`SENTINEL REPLICAS`); `None` for a non-Sentinel configuration or no answer.
+/// considers up (`SENTINEL REPLICAS`); otherwise (a non-Sentinel configuration, no answer) the
+/// ACL denial a Sentinel answered, if one did.
 /// Each Sentinel is asked on a connection of its own (same credentials and TLS settings as the
 /// data nodes, as fred uses), closed afterwards.
-pub(crate) async fn known_replicas(config: &Config, deadline: Instant) -> Option<i64> {
+pub(crate) async fn known_replicas(
+    config: &Config,
+    deadline: Instant,
+) -> Result<i64, Option<fred::error::Error>> {
     let ServerConfig::Sentinel {
         hosts,
         service_name,
         ..
     } = &config.server
     else {
-        return None;
+        return Err(None);
     };
+    let mut denied = None;
     for host in hosts {
         let mut single = config.clone();
         single.server = ServerConfig::Centralized {
@@ -111,16 +129,19 @@ pub(crate) async fn known_replicas(config: &Config, deadline: Instant) -> Option
         match asked {
             Ok(Ok(reply)) => {
                 if let Some(count) = count_up(reply) {
-                    return Some(count);
+                    return Ok(count);
                 }
             }
             Ok(Err(error)) => {
                 tracing::debug!(%error, "a Sentinel did not list the replicas");
+                if error.details().contains("NOPERM") {
+                    denied = Some(error);
+                }
             }
-            Err(_) => return None,
+            Err(_) => return Err(denied),
         }
     }
-    None
+    Err(denied)
 }
 
 /// Counts the replicas in a `SENTINEL REPLICAS` reply (RESP2 flat key/value arrays or RESP3
