@@ -189,6 +189,10 @@ mod tests {
             // returned `Backend` with it.
             "ERR Script attempted to access a non local key in a cluster node script: \
              6b6b61e6e239775237da93ebd39984b853fc42ab, on @user_script:84.",
+            // Valkey's wording of the same: chaos, cluster Valkey, seed 1370, one acquisition
+            // returned `Backend` with it.
+            "ERR Attempted to access a non local key in a cluster node script: on \
+             @user_script:84.",
         ] {
             assert_eq!(
                 classify(&Error::new(ErrorKind::Unknown, text)),
