@@ -69,9 +69,11 @@ pub(crate) fn classify(error: &Error) -> Failure {
                 || details.starts_with("Invalid or missing cluster state")
                 || details.contains("connection");
             // A script's `ASK`: it reached a key of a slot being migrated away that is no longer
-            // on this node. The attempt is retried (with its token, as a lost reply is) until
-            // the migration ends.
-            let migrating = details.starts_with("ERR Script attempted to access a non local key");
+            // on this node ("ERR Script attempted to access a non local key ..." on Redis, "ERR
+            // Attempted to access a non local key ..." on Valkey). The attempt is retried (with
+            // its token, as a lost reply is) until the migration ends.
+            let migrating = details.starts_with("ERR ")
+                && details.contains("ttempted to access a non local key");
             if is_transient || unsent || migrating {
                 Failure::Transient
             } else {
