@@ -288,7 +288,7 @@ pub(crate) async fn refuse_wrong_node(
              redis-sentinel://host:port?sentinelServiceName=NAME (the Sentinels' addresses; \
              they name the primary of the service NAME)"
         )
-    } else if field("role") == Some("slave")
+    } else if matches!(field("role"), Some("slave" | "replica"))
         && !matches!(client.client_config().server, ServerConfig::Sentinel { .. })
     {
         let primary = match (field("master_host"), field("master_port")) {
