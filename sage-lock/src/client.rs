@@ -13,7 +13,7 @@ use crate::error::LockError;
 use crate::key::{KeyCodec, LockKeys};
 use crate::observe::LockStats;
 use crate::options::LockOptions;
-use crate::pool::{DedicatedConnection, PoolError};
+use crate::pool::{DedicatedConnection, Lane, PoolError};
 use crate::primitives::mutex::Locks;
 use crate::primitives::rwlock::RwLocks;
 use crate::primitives::semaphore::{Semaphores, validate_permits};
@@ -222,7 +222,7 @@ impl LockClient {
     ) -> Result<DedicatedConnection, LockError> {
         crate::runtime::ensure().map_err(|e| LockError::backend("no dedicated connection", e))?;
         let pool = &self.inner.conn.pool;
-        match pool.take(deadline_after(timeout)).await {
+        match pool.take(deadline_after(timeout), Lane::InTurn).await {
             Ok(loan) => Ok(DedicatedConnection::new(loan)),
             Err(PoolError::Exhausted) => Err(LockError::backend(
                 format!(

@@ -3,7 +3,9 @@
 //! `WAIT` blocks the connection it runs on, so replica-acknowledged lock operations never use the
 //! shared, auto-pipelined connection. They borrow one of at most `max_connections` dedicated
 //! connections instead, created lazily. Time spent waiting for a free one counts against the
-//! caller's deadline (the acquisition wait or the usable lease).
+//! caller's deadline (the acquisition wait or the usable lease). Callers wait in arrival order,
+//! except renewals ([`Lane::Ahead`]): a renewal waits behind at most one other caller, so a
+//! burst of acquisitions never holds back the renewals that keep existing locks.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,6 +17,16 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::retry::{DEADLINE_REACHED, remaining};
+
+/// Where a caller joins the queue for a free connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    /// Behind everyone already waiting (acquisitions, releases, user loans).
+    InTurn,
+    /// Behind at most one caller already waiting: for renewals, whose leases run out while
+    /// they wait.
+    Ahead,
+}
 
 /// Why no dedicated connection could be had.
 #[derive(Debug)]
@@ -62,6 +74,9 @@ impl Link {
 pub(crate) struct DedicatedPool {
     template: Client,
     permits: Arc<Semaphore>,
+    /// Taken (in arrival order) by [`Lane::InTurn`] callers before they wait on `permits`, so
+    /// at most one of them is ever queued there ahead of a [`Lane::Ahead`] caller.
+    turnstile: tokio::sync::Mutex<()>,
     idle: Mutex<Vec<(Client, Link)>>,
     max_connections: usize,
     generation: std::sync::atomic::AtomicU64,
@@ -113,6 +128,7 @@ impl DedicatedPool {
         DedicatedPool {
             template,
             permits: Arc::new(Semaphore::new(max_connections)),
+            turnstile: tokio::sync::Mutex::new(()),
             idle: Mutex::new(Vec::new()),
             max_connections,
             generation: std::sync::atomic::AtomicU64::new(0),
@@ -124,15 +140,24 @@ impl DedicatedPool {
         self.max_connections
     }
 
-    /// Borrows a connection, waiting for a free slot and connecting a new one if needed, all
-    /// before `deadline`. Cancelled while connecting, the new connection is closed. Once the
-    /// pool is closed, [`PoolError::Closed`] at once.
-    pub(crate) async fn take(&self, deadline: Instant) -> Result<Loan, PoolError> {
+    /// Borrows a connection, waiting (in `lane`) for a free slot and connecting a new one if
+    /// needed, all before `deadline`. Cancelled while connecting, the new connection is closed.
+    /// Once the pool is closed, [`PoolError::Closed`] at once.
+    pub(crate) async fn take(&self, deadline: Instant, lane: Lane) -> Result<Loan, PoolError> {
         if self.is_closed() {
             return Err(PoolError::Closed);
         }
-        let permit =
-            tokio::time::timeout_at(deadline, Arc::clone(&self.permits).acquire_owned()).await;
+        let slot = Arc::clone(&self.permits).acquire_owned();
+        let permit = match lane {
+            Lane::Ahead => tokio::time::timeout_at(deadline, slot).await,
+            Lane::InTurn => {
+                let in_turn = async {
+                    let _turn = self.turnstile.lock().await;
+                    slot.await
+                };
+                tokio::time::timeout_at(deadline, in_turn).await
+            }
+        };
         let permit = match permit {
             Ok(Ok(permit)) if !self.is_closed() => permit,
             // Closed while this waited for a slot (closing the pool closes its semaphore).
@@ -353,7 +378,7 @@ mod tests {
             .expect("client");
         let pool = DedicatedPool::new(template, 1);
         for budget in [Duration::ZERO, Duration::from_millis(50)] {
-            let taken = pool.take(Instant::now() + budget).await;
+            let taken = pool.take(Instant::now() + budget, Lane::InTurn).await;
             let Err(PoolError::Connect(error)) = taken else {
                 panic!("a connection to a silent server: {taken:?}");
             };

@@ -47,6 +47,7 @@ impl Script {
             args,
             never_late: false,
             source_first: false,
+            ahead: false,
         }
     }
 
@@ -80,6 +81,9 @@ pub(crate) struct ScriptCall<'s> {
     /// Whether the call is sent as `EVAL` with the script's source from the start (see
     /// [`ScriptCall::with_source`]).
     pub(crate) source_first: bool,
+    /// Whether the call waits for a dedicated connection ahead of others (see
+    /// [`ScriptCall::ahead`]).
+    pub(crate) ahead: bool,
 }
 
 impl ScriptCall<'_> {
@@ -91,6 +95,14 @@ impl ScriptCall<'_> {
     #[must_use]
     pub(crate) fn never_late(mut self) -> Self {
         self.never_late = true;
+        self
+    }
+
+    /// Marks a renewal: it waits for a dedicated connection behind at most one other caller,
+    /// not behind every acquisition queued before it, whose wait could outlast its leases.
+    #[must_use]
+    pub(crate) fn ahead(mut self) -> Self {
+        self.ahead = true;
         self
     }
 

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::in_flight::InFlight;
 use super::verdict::{Ack, OpError, is_stale_route, judge, not_the_granter, serving_node};
 use super::{Connection, closed_error};
-use crate::pool::PoolError;
+use crate::pool::{Lane, PoolError};
 use crate::redirect;
 use crate::retry::deadline_after;
 use crate::scripts::{ScriptCall, is_noscript};
@@ -83,7 +83,12 @@ impl Connection {
         }
         // Boxed (as the other multi-KB futures below): keeps this future, and every one that
         // awaits it, small on the plain path.
-        let loan = match Box::pin(self.pool.take(deadline)).await {
+        let lane = if call.ahead {
+            Lane::Ahead
+        } else {
+            Lane::InTurn
+        };
+        let loan = match Box::pin(self.pool.take(deadline, lane)).await {
             Ok(loan) => loan,
             Err(PoolError::Exhausted) => return Err(OpError::PoolExhausted),
             Err(PoolError::Connect(error)) => return Err(OpError::Failed(error)),

@@ -245,7 +245,8 @@ impl Batch {
             RENEW_ACROSS_SLOTS.call(self.slot, Vec::new(), args)
         } else {
             RENEW.call(self.slot, self.keys, args)
-        };
+        }
+        .ahead();
         let result = conn
             .run(
                 &call,
