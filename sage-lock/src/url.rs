@@ -366,6 +366,32 @@ mod tests {
         parse_url(url).map_or_else(|err| err.to_string(), |_| "accepted".to_owned())
     }
 
+    /// A password with `/`, `?` or `#` in it, not percent-encoded, ends the host part early;
+    /// fred then reported only "Invalid port" (an audit).
+    #[test]
+    fn unencoded_password_characters_are_named() {
+        for url in [
+            "redis://:se?cret@127.0.0.1:6379",
+            "redis://:se/cret@127.0.0.1:6379",
+            "redis://user:se#cret@127.0.0.1:6379",
+        ] {
+            let text = refusal(url);
+            assert!(text.contains("percent-encode"), "{url}: {text}");
+            assert!(!text.contains("cret"), "{url}: the password shown: {text}");
+        }
+        assert_eq!(
+            redact("redis://:pa?ss@h:1?node=x"),
+            "redis://***@h:1?node=x"
+        );
+        assert_eq!(
+            redact("redis-sentinel://h:1?sentinelPassword=p@ss"),
+            "redis-sentinel://h:1?sentinelPassword=***"
+        );
+        // An `@` alone is taken as part of the password (the last one ends it).
+        assert_eq!(refusal("redis://:p@ss@127.0.0.1:6379"), "accepted");
+        assert!(!refusal("redis://127.0.0.1:notaport").contains("percent-encode"));
+    }
+
     #[test]
     fn surrounding_whitespace_is_ignored_on_both_sides() {
         assert_eq!(refusal(" redis://127.0.0.1:6379"), "accepted");
