@@ -72,11 +72,12 @@ pub(crate) fn parse_url(url: &str) -> Result<Config, LockError> {
         LockError::invalid(
             "url",
             format!(
-                "{} is not a valid server URL ({}); expected redis://host:port[/db], \
+                "{} is not a valid server URL ({}){}; expected redis://host:port[/db], \
                  redis-sentinel://host:port?sentinelServiceName=NAME or \
                  redis-cluster://host:port?node=host2:port2",
                 redact(url),
-                error.details()
+                error.details(),
+                unencoded_credentials_hint(url)
             ),
         )
     })?;
@@ -101,10 +102,37 @@ pub(crate) fn parse_url(url: &str) -> Result<Config, LockError> {
     Ok(config)
 }
 
+/// Where the user information of `url` ends: at its last `@` (a password may hold `@`, `/`, `?`
+/// or `#` unencoded), unless that `@` is in a query parameter's value.
+fn credentials_end(url: &str) -> Option<usize> {
+    let at = url.rfind('@')?;
+    match url[..at].find('?') {
+        Some(mark) if url[mark..at].contains('=') => url[..mark].rfind('@'),
+        _ => Some(at),
+    }
+}
+
+/// A hint for a URL that does not parse because its user name or password holds a character
+/// that ends the host part (`/`, `?`, `#`): they must be percent-encoded. Empty otherwise.
+fn unencoded_credentials_hint(url: &str) -> &'static str {
+    let Some(at) = credentials_end(url) else {
+        return "";
+    };
+    let start = url[..at].find("://").map_or(0, |scheme| scheme + 3);
+    if url[start..at].contains(['/', '?', '#']) {
+        " (the user name or password holds `/`, `?` or `#`: percent-encode them as %2F, %3F \
+         and %23, and `@` as %40)"
+    } else {
+        ""
+    }
+}
+
 /// Refuses a query parameter fred would silently ignore: an unknown or miscased one, and the
 /// Sentinel credentials (fred sends the URL's own user and password to the Sentinels).
 fn check_parameters(url: &str) -> Result<(), LockError> {
-    let Some((_, query)) = url.split_once('?') else {
+    // A `?` in an unencoded password is no query (`Config::from_url` refuses it, with a hint).
+    let after_credentials = &url[credentials_end(url).unwrap_or(0)..];
+    let Some((_, query)) = after_credentials.split_once('?') else {
         return Ok(());
     };
     for name in query
@@ -144,11 +172,15 @@ fn check_parameters(url: &str) -> Result<(), LockError> {
 /// or without a well-formed scheme) and the value of every query parameter whose name mentions
 /// a password (`sentinelPassword=`).
 pub(crate) fn redact(url: &str) -> String {
-    let (head, query) = match url.split_once('?') {
-        Some((head, query)) => (head, Some(query)),
+    let at = credentials_end(url);
+    let (head, query) = match url[at.unwrap_or(0)..].find('?') {
+        Some(mark) => {
+            let mark = at.unwrap_or(0) + mark;
+            (&url[..mark], Some(&url[mark + 1..]))
+        }
         None => (url, None),
     };
-    let mut shown = match head.rfind('@') {
+    let mut shown = match at {
         Some(at) => {
             let start = head[..at]
                 .find("://")
@@ -371,9 +403,9 @@ mod tests {
     #[test]
     fn unencoded_password_characters_are_named() {
         for url in [
-            "redis://:se?cret@127.0.0.1:6379",
             "redis://:se/cret@127.0.0.1:6379",
             "redis://user:se#cret@127.0.0.1:6379",
+            "redis://:se?cret@127.0.0.1:6379",
         ] {
             let text = refusal(url);
             assert!(text.contains("percent-encode"), "{url}: {text}");
