@@ -85,10 +85,23 @@ where
     let Some(value) = args.get(index + 1) else {
         bail!("{name} needs a value");
     };
-    value
-        .parse()
-        .map(Some)
-        .map_err(|e| anyhow::anyhow!("{name} {value}: {e}"))
+    parse_value(name, value).map(Some)
+}
+
+/// `value` of flag `name` parsed, or an error naming both.
+fn parse_value<T: std::str::FromStr>(name: &str, value: &str) -> anyhow::Result<T>
+where
+    T::Err: fmt::Display,
+{
+    value.parse().map_err(|e: T::Err| {
+        let why = e.to_string();
+        // `NonZeroUsize`'s own wording ("number would be zero for non-zero type").
+        if why.contains("zero for non-zero") {
+            anyhow::anyhow!("{name} {value}: must be at least 1")
+        } else {
+            anyhow::anyhow!("{name} {value}: {why}")
+        }
+    })
 }
 
 /// True when `--name` is on the command line.
@@ -179,5 +192,17 @@ mod tests {
             .expect_err("missing value")
             .to_string();
         assert!(missing.contains("--seconds needs a value"), "{missing}");
+    }
+
+    #[test]
+    fn a_zero_count_says_the_least_allowed() {
+        let zero = super::parse_value::<std::num::NonZeroUsize>("--instances", "0")
+            .expect_err("zero")
+            .to_string();
+        assert_eq!(zero, "--instances 0: must be at least 1");
+        let word = super::parse_value::<std::num::NonZeroUsize>("--instances", "two")
+            .expect_err("word")
+            .to_string();
+        assert!(word.starts_with("--instances two: invalid digit"), "{word}");
     }
 }

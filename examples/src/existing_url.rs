@@ -126,6 +126,10 @@ mod tests {
         assert_eq!(redact("redis://u:pw@h:1/0"), "redis://***@h:1/0");
         assert_eq!(redact("redis://h:1/0?x=a@b"), "redis://h:1/0?x=a@b");
         assert_eq!(redact("redis://h:1"), "redis://h:1");
+        // Unencoded `?`, `/` or `#` in a password (the URL is refused later; not its password).
+        assert_eq!(redact("redis://:se?cret@h:1"), "redis://***@h:1");
+        assert_eq!(redact("redis://:se/cret@h:1/0"), "redis://***@h:1/0");
+        assert_eq!(redact("redis://u:se#cret@h:1"), "redis://***@h:1");
         assert_eq!(
             redact("redis-sentinel://h:1?sentinelServiceName=m&sentinelPassword=pw"),
             "redis-sentinel://h:1?sentinelServiceName=m&sentinelPassword=***"

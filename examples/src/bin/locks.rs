@@ -89,6 +89,9 @@ fn parse(args: &[String]) -> anyhow::Result<Cli> {
         [list] if list == "list" => Command::List,
         [show, key] if show == "show" => Command::Show(key.clone()),
         [unlock, key] if unlock == "unlock" => Command::Unlock(key.clone()),
+        [verb] if verb == "show" || verb == "unlock" => {
+            bail!("`{verb}` needs the lock's key: locks {verb} KEY\n{USAGE}")
+        }
         [] => bail!("no command given\n{USAGE}"),
         other => bail!("cannot understand {other:?}\n{USAGE}"),
     };
@@ -261,7 +264,10 @@ mod tests {
         assert_eq!(cli.tls_client, Some(("c.pem".into(), "k.pem".into())));
         assert!(parse(&args("list --tls-cert c.pem")).is_err());
         assert_eq!(cli.namespace, "lock");
-        assert!(parse(&args("show")).is_err());
+        for verb in ["show", "unlock"] {
+            let error = parse(&args(verb)).expect_err("no key").to_string();
+            assert!(error.contains("needs the lock's key"), "{error}");
+        }
         assert!(parse(&args("list --url")).is_err());
         assert!(parse(&args("list --colour red")).is_err());
         assert!(parse(&[]).is_err());
