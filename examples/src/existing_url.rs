@@ -59,15 +59,19 @@ pub fn probe(url: &str) -> Result<(), String> {
 /// password) replaced by `***`, for printing.
 #[must_use]
 pub fn redact(url: &str) -> String {
-    let (url, query) = url
-        .split_once('?')
-        .map_or((url, None), |(url, q)| (url, Some(q)));
-    let mut shown = match url.split_once("://") {
-        Some((scheme, rest)) => match rest.find('/').map_or(rest, |end| &rest[..end]).rfind('@') {
-            Some(at) => format!("{scheme}://***{}", &rest[at..]),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
+    // The credentials end at the last `@` that is not in a query value: an unencoded password
+    // may hold `@`, `/`, `?` or `#`.
+    let at = url.rfind('@').and_then(|at| match url[..at].find('?') {
+        Some(mark) if url[mark..at].contains('=') => url[..mark].rfind('@'),
+        _ => Some(at),
+    });
+    let after = at.unwrap_or(0);
+    let (url, query) = url[after..].find('?').map_or((url, None), |mark| {
+        (&url[..after + mark], Some(&url[after + mark + 1..]))
+    });
+    let mut shown = match (url.split_once("://"), at) {
+        (Some((scheme, _)), Some(at)) => format!("{scheme}://***{}", &url[at..]),
+        _ => url.to_owned(),
     };
     if let Some(query) = query {
         let masked: Vec<String> = query
