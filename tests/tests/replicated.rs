@@ -457,6 +457,76 @@ async fn a_stalled_primary_is_unavailable_not_a_full_pool() {
     }
 }
 
+/// Holds acquired through a pool of 2 dedicated connections: a replicated client of a new
+/// primary (with one replica), and `Locks` with `lease` in `namespace`.
+struct PoolOfTwo {
+    setup: Replicated,
+    client: LockClient,
+    locks: Locks<str>,
+}
+
+impl PoolOfTwo {
+    async fn start(namespace: &str, lease: Duration) -> PoolOfTwo {
+        let setup = Replicated::start(ServerKind::Redis, 1);
+        let client = LockClient::builder()
+            .url(&setup.primary_url())
+            .replicated(true)
+            .max_connections(2)
+            .connect()
+            .await
+            .expect("connect");
+        let locks = client
+            .lock_with(LockOptions::new().namespace(namespace).lease(lease))
+            .expect("options");
+        PoolOfTwo {
+            setup,
+            client,
+            locks,
+        }
+    }
+
+    /// Spawns one holder per key named `{prefix}{i}`, `i < count`, each holding its lock until
+    /// `released` turns `true`. Resolves once all of them hold their lock.
+    async fn hold(
+        &self,
+        prefix: &str,
+        count: usize,
+        released: &tokio::sync::watch::Receiver<bool>,
+    ) -> Vec<tokio::task::JoinHandle<Result<(), LockError>>> {
+        let (held_tx, mut held) = tokio::sync::mpsc::channel::<()>(count.max(1));
+        let holders = (0..count)
+            .map(|i| {
+                let (locks, held_tx, mut released) =
+                    (self.locks.clone(), held_tx.clone(), released.clone());
+                let key = format!("{prefix}{i}");
+                tokio::spawn(async move {
+                    locks
+                        .with_lock(&key, Duration::from_secs(30), async move {
+                            let _ = held_tx.send(()).await;
+                            let _ = released.wait_for(|go| *go).await;
+                        })
+                        .await
+                })
+            })
+            .collect();
+        for _ in 0..count {
+            held.recv().await.expect("a holder acquired");
+        }
+        holders
+    }
+}
+
+/// The errors `holders` ended with.
+async fn losses(holders: Vec<tokio::task::JoinHandle<Result<(), LockError>>>) -> Vec<LockError> {
+    let mut lost = Vec::new();
+    for holder in holders {
+        if let Err(error) = holder.await.expect("holder task") {
+            lost.push(error);
+        }
+    }
+    lost
+}
+
 /// Holds acquired in a burst that queued for the dedicated pool (4,000 acknowledged
 /// acquisitions through 2 connections, for longer than a third of the 2 s lease) are renewed in
 /// batches, and none is lost: about 200 holds per renewal call (at least 50 asserted). Before,
@@ -468,53 +538,21 @@ async fn a_stalled_primary_is_unavailable_not_a_full_pool() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holds_acquired_through_a_full_pool_renew_in_batches() {
     const HOLDS: usize = 4000;
-    let kind = ServerKind::Redis;
-    let setup = Replicated::start(kind, 1);
-    let client = LockClient::builder()
-        .url(&setup.primary_url())
-        .replicated(true)
-        .max_connections(2)
-        .connect()
-        .await
-        .expect("connect");
     let lease = Duration::from_secs(2);
-    let locks: Locks<str> = client
-        .lock_with(LockOptions::new().namespace("pool-burst").lease(lease))
-        .expect("options");
-    let port = setup.primary.port();
+    let pool = PoolOfTwo::start("pool-burst", lease).await;
+    let port = pool.setup.primary.port();
     harness::cmd_ok(port, &["CONFIG", "RESETSTAT"]);
-    let (held_tx, mut held) = tokio::sync::mpsc::channel::<()>(HOLDS);
     let (release, released) = tokio::sync::watch::channel(false);
-    let holders: Vec<_> = (0..HOLDS)
-        .map(|i| {
-            let (locks, held_tx, mut released) = (locks.clone(), held_tx.clone(), released.clone());
-            tokio::spawn(async move {
-                locks
-                    .with_lock(&format!("k{i}"), Duration::from_secs(30), async move {
-                        let _ = held_tx.send(()).await;
-                        let _ = released.wait_for(|go| *go).await;
-                    })
-                    .await
-            })
-        })
-        .collect();
     let started = Instant::now();
-    for _ in 0..HOLDS {
-        held.recv().await.expect("a holder acquired");
-    }
+    let holders = pool.hold("k", HOLDS, &released).await;
     let acquired_in = started.elapsed();
     // A few renewal rounds (one every third of the lease).
     tokio::time::sleep(lease).await;
-    let renewals = client.stats().renewals;
+    let renewals = pool.client.stats().renewals;
     let calls =
         harness::commandstats_calls(port, "evalsha") + harness::commandstats_calls(port, "eval");
     release.send_replace(true);
-    let mut lost = Vec::new();
-    for holder in holders {
-        if let Err(error) = holder.await.expect("holder task") {
-            lost.push(error);
-        }
-    }
+    let lost = losses(holders).await;
     let renewal_calls = calls.saturating_sub(HOLDS as u64);
     println!(
         "{HOLDS} holds acquired in {acquired_in:?}; {renewals} renewals in {renewal_calls} script calls; {} lost: {:?}",
@@ -531,7 +569,7 @@ async fn holds_acquired_through_a_full_pool_renew_in_batches() {
         per_call >= 50,
         "{per_call} renewals per call: {renewal_calls} renewal calls for {renewals} renewals"
     );
-    client.quit().await;
+    pool.client.quit().await;
 }
 
 /// A renewal does not queue behind acquisitions waiting for a dedicated connection: holds taken
@@ -544,40 +582,14 @@ async fn holds_acquired_through_a_full_pool_renew_in_batches() {
 async fn renewals_go_ahead_of_queued_acquisitions() {
     const EARLY: usize = 10;
     const FLOOD: usize = 12_000;
-    let setup = Replicated::start(ServerKind::Redis, 1);
-    let client = LockClient::builder()
-        .url(&setup.primary_url())
-        .replicated(true)
-        .max_connections(2)
-        .connect()
-        .await
-        .expect("connect");
     let lease = Duration::from_secs(1);
-    let locks: Locks<str> = client
-        .lock_with(LockOptions::new().namespace("renew-first").lease(lease))
-        .expect("options");
-    let (held_tx, mut held) = tokio::sync::mpsc::channel::<()>(EARLY);
+    let pool = PoolOfTwo::start("renew-first", lease).await;
     let (release, released) = tokio::sync::watch::channel(false);
-    let early: Vec<_> = (0..EARLY)
-        .map(|i| {
-            let (locks, held_tx, mut released) = (locks.clone(), held_tx.clone(), released.clone());
-            tokio::spawn(async move {
-                locks
-                    .with_lock(&format!("early{i}"), Duration::from_secs(5), async move {
-                        let _ = held_tx.send(()).await;
-                        let _ = released.wait_for(|go| *go).await;
-                    })
-                    .await
-            })
-        })
-        .collect();
-    for _ in 0..EARLY {
-        held.recv().await.expect("an early holder acquired");
-    }
+    let early = pool.hold("early", EARLY, &released).await;
     let started = Instant::now();
     let flood: Vec<_> = (0..FLOOD)
         .map(|i| {
-            let locks = locks.clone();
+            let locks = pool.locks.clone();
             tokio::spawn(async move {
                 locks
                     .with_lock(&format!("flood{i}"), Duration::from_secs(120), async {})
@@ -593,12 +605,7 @@ async fn renewals_go_ahead_of_queued_acquisitions() {
     }
     let flooded_for = started.elapsed();
     release.send_replace(true);
-    let mut lost = Vec::new();
-    for holder in early {
-        if let Err(error) = holder.await.expect("early holder task") {
-            lost.push(error);
-        }
-    }
+    let lost = losses(early).await;
     println!(
         "{FLOOD} acquisitions took {flooded_for:?} ({flood_failed} failed); {} of {EARLY} early holds lost: {:?}",
         lost.len(),
@@ -613,7 +620,7 @@ async fn renewals_go_ahead_of_queued_acquisitions() {
         lost.is_empty(),
         "early holds lost behind the queued acquisitions"
     );
-    client.quit().await;
+    pool.client.quit().await;
 }
 
 /// A plain URL naming a replica (with or without `replicated(true)`) is refused at connect,
