@@ -222,7 +222,10 @@ impl LockClient {
     ) -> Result<DedicatedConnection, LockError> {
         crate::runtime::ensure().map_err(|e| LockError::backend("no dedicated connection", e))?;
         let pool = &self.inner.conn.pool;
-        match pool.take(deadline_after(timeout), Lane::InTurn).await {
+        match pool
+            .take(deadline_after(timeout), Lane::InTurn, Duration::ZERO)
+            .await
+        {
             Ok(loan) => Ok(DedicatedConnection::new(loan)),
             Err(PoolError::Exhausted) => Err(LockError::backend(
                 format!(

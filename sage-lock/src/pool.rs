@@ -82,6 +82,9 @@ pub(crate) struct DedicatedPool {
     generation: std::sync::atomic::AtomicU64,
     /// Set by [`DedicatedPool::close`]: returned loans are closed, not kept.
     closed: std::sync::atomic::AtomicBool,
+    /// A moving average of how long a confirmed call on a dedicated connection took, in
+    /// microseconds (0 before the first).
+    typical_call_micros: std::sync::atomic::AtomicU64,
 }
 
 /// A dedicated connection on loan; give it back with [`DedicatedPool::put_back`] when it is known
@@ -133,7 +136,32 @@ impl DedicatedPool {
             max_connections,
             generation: std::sync::atomic::AtomicU64::new(0),
             closed: std::sync::atomic::AtomicBool::new(false),
+            typical_call_micros: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// How long a call on a dedicated connection typically takes, from what
+    /// [`DedicatedPool::record_call`] saw (zero before any).
+    pub(crate) fn typical_call(&self) -> Duration {
+        Duration::from_micros(
+            self.typical_call_micros
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+
+    /// Counts a call that was answered in `took` into [`DedicatedPool::typical_call`] (a moving
+    /// average of the last eight or so).
+    pub(crate) fn record_call(&self, took: Duration) {
+        use std::sync::atomic::Ordering;
+        let took = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let old = self.typical_call_micros.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            took
+        } else {
+            old - old / 8 + took / 8
+        };
+        // Concurrent updates may overwrite each other: an average either way.
+        self.typical_call_micros.store(new, Ordering::Relaxed);
     }
 
     pub(crate) fn max_connections(&self) -> usize {
@@ -141,9 +169,16 @@ impl DedicatedPool {
     }
 
     /// Borrows a connection, waiting (in `lane`) for a free slot and connecting a new one if
-    /// needed, all before `deadline`. Cancelled while connecting, the new connection is closed.
-    /// Once the pool is closed, [`PoolError::Closed`] at once.
-    pub(crate) async fn take(&self, deadline: Instant, lane: Lane) -> Result<Loan, PoolError> {
+    /// needed, all before `deadline`. A caller left with less than `enough` once a slot is
+    /// free gets [`PoolError::Exhausted`] (the wait for the slot took its time), and the slot
+    /// and its connection stay for the next. Cancelled while connecting, the new connection is
+    /// closed. Once the pool is closed, [`PoolError::Closed`] at once.
+    pub(crate) async fn take(
+        &self,
+        deadline: Instant,
+        lane: Lane,
+        enough: Duration,
+    ) -> Result<Loan, PoolError> {
         if self.is_closed() {
             return Err(PoolError::Closed);
         }
@@ -164,6 +199,9 @@ impl DedicatedPool {
             Ok(_) => return Err(PoolError::Closed),
             Err(_) => return Err(PoolError::Exhausted),
         };
+        if remaining(deadline) < enough {
+            return Err(PoolError::Exhausted);
+        }
         let generation = self.generation();
         loop {
             let reused = self.idle.lock().ok().and_then(|mut idle| idle.pop());
@@ -378,7 +416,9 @@ mod tests {
             .expect("client");
         let pool = DedicatedPool::new(template, 1);
         for budget in [Duration::ZERO, Duration::from_millis(50)] {
-            let taken = pool.take(Instant::now() + budget, Lane::InTurn).await;
+            let taken = pool
+                .take(Instant::now() + budget, Lane::InTurn, Duration::ZERO)
+                .await;
             let Err(PoolError::Connect(error)) = taken else {
                 panic!("a connection to a silent server: {taken:?}");
             };

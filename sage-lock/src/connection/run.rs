@@ -81,14 +81,24 @@ impl Connection {
                 Err(_) => Err(OpError::Failed(self.timeout_error())),
             };
         }
-        // Boxed (as the other multi-KB futures below): keeps this future, and every one that
-        // awaits it, small on the plain path.
         let lane = if call.ahead {
             Lane::Ahead
         } else {
             Lane::InTurn
         };
-        let loan = match Box::pin(self.pool.take(deadline, lane)).await {
+        // A caller that came with time for a call but would get its connection too late for
+        // one (twice the typical call: calls vary) is not sent: cut at its deadline, it would
+        // cost its connection, which an overloaded pool would then open again and again. A
+        // renewal takes whatever is left: its lease depends on it.
+        let typical = self.pool.typical_call() * 2;
+        let enough = if !call.ahead && crate::retry::remaining(deadline) >= typical {
+            typical
+        } else {
+            Duration::ZERO
+        };
+        // Boxed (as the other multi-KB futures below): keeps this future, and every one that
+        // awaits it, small on the plain path.
+        let loan = match Box::pin(self.pool.take(deadline, lane, enough)).await {
             Ok(loan) => loan,
             Err(PoolError::Exhausted) => return Err(OpError::PoolExhausted),
             Err(PoolError::Connect(error)) => return Err(OpError::Failed(error)),
@@ -132,6 +142,7 @@ impl Connection {
                 let node = serving_node(&conn, call.slot);
                 let judged = judge(checked, &conn, node, granted_by);
                 if matches!(judged, Ok((_, Ack::Confirmed, _))) {
+                    self.pool.record_call(sent.elapsed());
                     if let Some(loan) = loan {
                         self.pool.put_back(loan);
                     }
