@@ -712,6 +712,53 @@ async fn an_overloaded_pool_keeps_its_connections() {
     pool.client.quit().await;
 }
 
+/// Holds whose renewals wait for a dedicated connection the user's own loans keep busy are lost
+/// naming the pool: "no renewal completed in time" alone (an audit, after two `BLPOP`s on
+/// `dedicated_connection`s of a pool of 2) said nothing of what kept the renewals back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_kept_out_of_a_busy_pool_names_it() {
+    use sage_lock::fred::interfaces::ClientLike;
+    let pool = SmallPool::start("busy-pool", Duration::from_secs(1), 2).await;
+    let (_release, released) = tokio::sync::watch::channel(false);
+    let holders = pool.hold("held", 3, &released).await;
+    let mut loans = Vec::new();
+    for _ in 0..2 {
+        let loan = pool
+            .client
+            .dedicated_connection(Duration::from_secs(2))
+            .await
+            .expect("a dedicated connection");
+        let blocked = loan.clone();
+        tokio::spawn(async move {
+            let _: Result<sage_lock::fred::types::Value, _> = blocked
+                .custom(
+                    sage_lock::fred::types::CustomCommand::new_static(
+                        "BLPOP",
+                        sage_lock::fred::types::ClusterHash::FirstKey,
+                        true,
+                    ),
+                    vec!["busy-pool-nothing", "0"],
+                )
+                .await;
+        });
+        loans.push(loan);
+    }
+    let lost = tokio::time::timeout(Duration::from_secs(10), losses(holders))
+        .await
+        .expect("the holds ended");
+    drop(loans);
+    println!("{} lost: {:?}", lost.len(), lost.first());
+    assert_eq!(lost.len(), 3, "holds kept without renewals: {lost:?}");
+    for error in &lost {
+        let text = error.to_string();
+        assert!(
+            text.contains("dedicated connection") && text.contains("max_connections"),
+            "{text}"
+        );
+    }
+    pool.client.quit().await;
+}
+
 /// A plain URL naming a replica (with or without `replicated(true)`) is refused at connect,
 /// naming its primary: every lock call on it would wait out its wait on `READONLY`. Before,
 /// `connect` succeeded and every `with_lock` ended `TimedOut` with "READONLY You can't write
