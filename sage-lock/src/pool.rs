@@ -48,6 +48,22 @@ fn connect_timeout(waited: Duration) -> fred::error::Error {
     )
 }
 
+/// Counts one waiting caller in its counter for as long as it lives (cancelled too).
+struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a std::sync::atomic::AtomicUsize) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// What a pooled connection owns besides its client: the task that drives it (aborted when the
 /// connection is closed, so nothing keeps reconnecting) and its server-side `CLIENT ID`.
 #[derive(Debug)]
@@ -82,6 +98,8 @@ pub(crate) struct DedicatedPool {
     generation: std::sync::atomic::AtomicU64,
     /// Set by [`DedicatedPool::close`]: returned loans are closed, not kept.
     closed: std::sync::atomic::AtomicBool,
+    /// How many [`Lane::Ahead`] callers (renewals) wait for a slot now.
+    ahead_waiting: std::sync::atomic::AtomicUsize,
     /// A moving average of how long a confirmed call on a dedicated connection took, in
     /// microseconds (0 before the first).
     typical_call_micros: std::sync::atomic::AtomicU64,
@@ -137,7 +155,15 @@ impl DedicatedPool {
             generation: std::sync::atomic::AtomicU64::new(0),
             closed: std::sync::atomic::AtomicBool::new(false),
             typical_call_micros: std::sync::atomic::AtomicU64::new(0),
+            ahead_waiting: std::sync::atomic::AtomicUsize::new(0),
         }
+    }
+
+    /// Whether a renewal ([`Lane::Ahead`]) is waiting for a free slot now.
+    pub(crate) fn renewal_waiting(&self) -> bool {
+        self.ahead_waiting
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
     }
 
     /// How long a call on a dedicated connection typically takes, from what
@@ -184,7 +210,10 @@ impl DedicatedPool {
         }
         let slot = Arc::clone(&self.permits).acquire_owned();
         let permit = match lane {
-            Lane::Ahead => tokio::time::timeout_at(deadline, slot).await,
+            Lane::Ahead => {
+                let _waiting = Waiting::new(&self.ahead_waiting);
+                tokio::time::timeout_at(deadline, slot).await
+            }
             Lane::InTurn => {
                 let in_turn = async {
                     let _turn = self.turnstile.lock().await;

@@ -125,10 +125,16 @@ impl Registration {
 const NO_RENEWAL: &str = "no renewal completed in time";
 
 /// The loss of a lease that ran out with no renewal answered: with why `conn` is down when it
-/// is (a refused connection), so the cause is not hidden.
+/// is (a refused connection), or that a renewal still waits for a dedicated connection, so the
+/// cause is not hidden.
 pub(crate) fn unrenewed(conn: &Connection) -> LossReason {
     LossReason::RenewalFailed(match conn.why_down() {
         Some(why) => format!("{NO_RENEWAL}; {why}"),
+        None if conn.pool.renewal_waiting() => format!(
+            "{NO_RENEWAL}: a renewal was still waiting for a dedicated connection (all {} busy: \
+             raise max_connections, or keep fewer busy with dedicated_connection)",
+            conn.pool.max_connections()
+        ),
         None => NO_RENEWAL.into(),
     })
 }
