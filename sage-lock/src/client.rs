@@ -234,6 +234,16 @@ impl LockClient {
                 ),
                 Error::new(fred::error::ErrorKind::Timeout, "dedicated pool exhausted"),
             )),
+            Err(PoolError::Unanswered(held)) => Err(LockError::backend(
+                format!(
+                    "no dedicated connection came free within {timeout:?}: the server did not \
+                     answer the {held} calls holding them (is it stopped or overloaded?)"
+                ),
+                Error::new(
+                    fred::error::ErrorKind::Timeout,
+                    "dedicated connections held by unanswered calls",
+                ),
+            )),
             Err(PoolError::Connect(error)) => Err(LockError::backend(
                 "could not open a dedicated connection",
                 error,

@@ -33,6 +33,9 @@ pub(crate) enum Lane {
 pub(crate) enum PoolError {
     /// Every connection stayed busy until the deadline.
     Exhausted,
+    /// Every connection stayed busy until the deadline, and this many are held by calls the
+    /// server did not answer in time: the server, not the pool's size, held the caller back.
+    Unanswered(usize),
     /// A new connection failed to connect, or did not connect before the deadline.
     Connect(fred::error::Error),
     /// The pool was closed ([`DedicatedPool::close`]): nothing is lent or opened any more.
@@ -98,6 +101,9 @@ pub(crate) struct DedicatedPool {
     generation: std::sync::atomic::AtomicU64,
     /// Set by [`DedicatedPool::close`]: returned loans are closed, not kept.
     closed: std::sync::atomic::AtomicBool,
+    /// How many loans are held by calls the server did not answer in time (see
+    /// [`DedicatedPool::mark_unanswered`]).
+    unanswered: Arc<std::sync::atomic::AtomicUsize>,
     /// How many [`Lane::Ahead`] callers (renewals) wait for a slot now.
     ahead_waiting: std::sync::atomic::AtomicUsize,
     /// A moving average of how long a confirmed call on a dedicated connection took, in
@@ -117,6 +123,8 @@ pub(crate) struct Loan {
     /// The pool's generation when the loan began: a loan from before a
     /// [`DedicatedPool::discard_idle`] is closed, not returned.
     generation: u64,
+    /// The pool's count of unanswered loans, once this one is counted in it.
+    unanswered: Option<Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 impl Loan {
@@ -138,6 +146,9 @@ impl Drop for Loan {
         if let Some(link) = self.link.take() {
             close_in_background(self.conn.clone(), link);
         }
+        if let Some(count) = self.unanswered.take() {
+            count.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 }
 
@@ -156,6 +167,26 @@ impl DedicatedPool {
             closed: std::sync::atomic::AtomicBool::new(false),
             typical_call_micros: std::sync::atomic::AtomicU64::new(0),
             ahead_waiting: std::sync::atomic::AtomicUsize::new(0),
+            unanswered: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        }
+    }
+
+    /// Counts `loan` as held by a call the server did not answer in time, until it ends: while
+    /// such loans fill the pool, callers that find no free slot get [`PoolError::Unanswered`].
+    pub(crate) fn mark_unanswered(&self, loan: &mut Loan) {
+        if loan.unanswered.is_none() {
+            self.unanswered
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            loan.unanswered = Some(Arc::clone(&self.unanswered));
+        }
+    }
+
+    /// Why no slot came free: [`PoolError::Unanswered`] while loans are held by unanswered
+    /// calls, else [`PoolError::Exhausted`].
+    fn no_slot(&self) -> PoolError {
+        match self.unanswered.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => PoolError::Exhausted,
+            held => PoolError::Unanswered(held),
         }
     }
 
@@ -226,10 +257,10 @@ impl DedicatedPool {
             Ok(Ok(permit)) if !self.is_closed() => permit,
             // Closed while this waited for a slot (closing the pool closes its semaphore).
             Ok(_) => return Err(PoolError::Closed),
-            Err(_) => return Err(PoolError::Exhausted),
+            Err(_) => return Err(self.no_slot()),
         };
         if remaining(deadline) < enough {
-            return Err(PoolError::Exhausted);
+            return Err(self.no_slot());
         }
         let generation = self.generation();
         loop {
@@ -243,13 +274,17 @@ impl DedicatedPool {
                     link: Some(link),
                     _permit: Some(permit),
                     generation,
+                    unanswered: None,
                 });
             }
             close_in_background(conn, link);
         }
         if remaining(deadline).is_zero() {
             // No time left to open one: say so, rather than fail a connect given no time.
-            return Err(PoolError::Connect(connect_timeout(Duration::ZERO)));
+            return Err(match self.no_slot() {
+                PoolError::Exhausted => PoolError::Connect(connect_timeout(Duration::ZERO)),
+                unanswered => unanswered,
+            });
         }
         let conn = self.template.clone_new();
         // Owned by the loan from the start: dropped (cancelled or failed), it closes the
@@ -259,6 +294,7 @@ impl DedicatedPool {
             conn,
             _permit: Some(permit),
             generation,
+            unanswered: None,
         };
         let connect_time = remaining(deadline);
         let failure = match tokio::time::timeout(connect_time, loan.conn.wait_for_connect()).await {

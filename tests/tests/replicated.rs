@@ -469,17 +469,19 @@ async fn callers_at_a_stalled_primary_hear_unavailable_not_a_full_pool() {
         .await
         .expect("healthy");
     pool.setup.primary.pause();
-    let callers: Vec<_> = (0..20)
-        .map(|i| {
-            let locks = pool.locks.clone();
-            tokio::spawn(async move {
-                locks
-                    .with_lock(&format!("k{i}"), Duration::from_secs(1), async {})
-                    .await
-            })
+    let call = |i: usize| {
+        let locks = pool.locks.clone();
+        tokio::spawn(async move {
+            locks
+                .with_lock(&format!("k{i}"), Duration::from_secs(1), async {})
+                .await
         })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // Two take the pool's connections; the rest wait for them, with waits that end later.
+    let mut callers: Vec<_> = (0..2).map(call).collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    callers.extend((2..20).map(call));
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let loan = pool
         .client
         .dedicated_connection(Duration::from_millis(800))

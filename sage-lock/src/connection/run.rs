@@ -101,6 +101,15 @@ impl Connection {
         let loan = match Box::pin(self.pool.take(deadline, lane, enough)).await {
             Ok(loan) => loan,
             Err(PoolError::Exhausted) => return Err(OpError::PoolExhausted),
+            Err(PoolError::Unanswered(held)) => {
+                return Err(OpError::Failed(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "{DEADLINE_REACHED}: no dedicated connection came free: the server did \
+                         not answer the {held} calls holding them"
+                    ),
+                )));
+            }
             Err(PoolError::Connect(error)) => return Err(OpError::Failed(error)),
             Err(PoolError::Closed) => return Err(OpError::Failed(closed_error())),
         };
@@ -157,6 +166,10 @@ impl Connection {
             failed => {
                 // The connection may still be blocked in WAIT or broken: never reuse it, and
                 // clean up on it (the attempt may still run) before the caller retries.
+                let mut in_flight = in_flight;
+                if let (Err(_), Some(loan)) = (&failed, in_flight.loan.as_mut()) {
+                    self.pool.mark_unanswered(loan);
+                }
                 in_flight.fail(deadline).await;
                 self.forget_topology();
                 Err(OpError::Failed(match failed {
