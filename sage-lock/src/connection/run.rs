@@ -144,7 +144,13 @@ impl Connection {
         // The reply may come a little after WAIT ends, but never past the caller's deadline:
         // an acquisition's `TimedOut` comes at its wait's end.
         let grace = Duration::from_millis(250).min(self.command_timeout);
-        let outcome = tokio::time::timeout_at((wait_until + grace).min(deadline), checked).await;
+        // `quit()` ends the wait at once; the attempt is cleaned up in the background.
+        let outcome = tokio::select! {
+            outcome = tokio::time::timeout_at((wait_until + grace).min(deadline), checked) => {
+                outcome
+            }
+            () = self.pool.closed() => return Err(OpError::Failed(closed_error())),
+        };
         match outcome {
             Ok(Ok(checked)) => {
                 let loan = in_flight.settle();

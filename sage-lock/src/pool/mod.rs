@@ -12,11 +12,17 @@ use std::time::Duration;
 
 use fred::clients::Client;
 use fred::interfaces::ClientLike;
-use fred::types::{ClusterHash, ConnectHandle, CustomCommand, Value};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use fred::types::{ClusterHash, CustomCommand, Value};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::retry::{DEADLINE_REACHED, remaining};
+
+mod loan;
+
+pub use loan::DedicatedConnection;
+use loan::close;
+pub(crate) use loan::{Link, Loan, close_in_background};
 
 /// Where a caller joins the queue for a free connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,27 +73,6 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// What a pooled connection owns besides its client: the task that drives it (aborted when the
-/// connection is closed, so nothing keeps reconnecting) and its server-side `CLIENT ID`.
-#[derive(Debug)]
-pub(crate) struct Link {
-    task: Option<ConnectHandle>,
-    /// `CLIENT ID` of the connection (not in a cluster, where a client has one per node).
-    pub(crate) id: Option<i64>,
-}
-
-impl Link {
-    pub(crate) fn new(task: Option<ConnectHandle>) -> Self {
-        Link { task, id: None }
-    }
-
-    /// Whether the connection's task has ended: it was aborted, gave up, or the runtime it ran
-    /// on shut down. The connection is then dead, whatever its client's state says.
-    fn ended(&self) -> bool {
-        self.task.as_ref().is_some_and(ConnectHandle::is_finished)
-    }
-}
-
 /// A bounded set of exclusive connections, cloned from the shared client's configuration.
 #[derive(Debug)]
 pub(crate) struct DedicatedPool {
@@ -101,6 +86,8 @@ pub(crate) struct DedicatedPool {
     generation: std::sync::atomic::AtomicU64,
     /// Set by [`DedicatedPool::close`]: returned loans are closed, not kept.
     closed: std::sync::atomic::AtomicBool,
+    /// Turns `true` in [`DedicatedPool::close`], for what waits on a loan meanwhile.
+    closing: tokio::sync::watch::Sender<bool>,
     /// How many loans are held by calls the server did not answer in time (see
     /// [`DedicatedPool::mark_unanswered`]).
     unanswered: Arc<std::sync::atomic::AtomicUsize>,
@@ -109,47 +96,6 @@ pub(crate) struct DedicatedPool {
     /// A moving average of how long a confirmed call on a dedicated connection took, in
     /// microseconds (0 before the first).
     typical_call_micros: std::sync::atomic::AtomicU64,
-}
-
-/// A dedicated connection on loan; give it back with [`DedicatedPool::put_back`] when it is known
-/// to be idle, or drop it to close it (in the background).
-#[derive(Debug)]
-pub(crate) struct Loan {
-    pub(crate) conn: Client,
-    /// `None` once returned or closed.
-    link: Option<Link>,
-    /// Frees the pool slot when the loan ends.
-    _permit: Option<OwnedSemaphorePermit>,
-    /// The pool's generation when the loan began: a loan from before a
-    /// [`DedicatedPool::discard_idle`] is closed, not returned.
-    generation: u64,
-    /// The pool's count of unanswered loans, once this one is counted in it.
-    unanswered: Option<Arc<std::sync::atomic::AtomicUsize>>,
-}
-
-impl Loan {
-    /// The connection's `CLIENT ID`, when known.
-    pub(crate) fn client_id(&self) -> Option<i64> {
-        self.link.as_ref().and_then(|link| link.id)
-    }
-
-    /// Closes the connection: `QUIT` (briefly), then its task is aborted.
-    pub(crate) async fn close(mut self) {
-        if let Some(link) = self.link.take() {
-            close(self.conn.clone(), link).await;
-        }
-    }
-}
-
-impl Drop for Loan {
-    fn drop(&mut self) {
-        if let Some(link) = self.link.take() {
-            close_in_background(self.conn.clone(), link);
-        }
-        if let Some(count) = self.unanswered.take() {
-            count.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
 }
 
 impl DedicatedPool {
@@ -165,6 +111,7 @@ impl DedicatedPool {
             max_connections,
             generation: std::sync::atomic::AtomicU64::new(0),
             closed: std::sync::atomic::AtomicBool::new(false),
+            closing: tokio::sync::watch::Sender::new(false),
             typical_call_micros: std::sync::atomic::AtomicU64::new(0),
             ahead_waiting: std::sync::atomic::AtomicUsize::new(0),
             unanswered: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
@@ -297,7 +244,14 @@ impl DedicatedPool {
             unanswered: None,
         };
         let connect_time = remaining(deadline);
-        let failure = match tokio::time::timeout(connect_time, loan.conn.wait_for_connect()).await {
+        let connected = tokio::select! {
+            connected = tokio::time::timeout(connect_time, loan.conn.wait_for_connect()) => {
+                connected
+            }
+            // Dropped, the loan closes the connection.
+            () = self.closed() => return Err(PoolError::Closed),
+        };
+        let failure = match connected {
             Ok(Ok(())) => None,
             Ok(Err(error)) => Some(error),
             // The pool had room: the server did not answer in time (a transient failure).
@@ -345,6 +299,12 @@ impl DedicatedPool {
         self.idle.lock().map_or(0, |idle| idle.len())
     }
 
+    /// Resolves once the pool is closed ([`DedicatedPool::close`]).
+    pub(crate) async fn closed(&self) {
+        let mut closing = self.closing.subscribe();
+        let _ = closing.wait_for(|closed| *closed).await;
+    }
+
     fn is_closed(&self) -> bool {
         self.closed.load(std::sync::atomic::Ordering::Acquire)
     }
@@ -377,8 +337,9 @@ impl DedicatedPool {
         // Loans still out (a renewal in flight, a background release) close when they return.
         self.closed
             .store(true, std::sync::atomic::Ordering::Release);
-        // Callers waiting for a slot give up now.
+        // Callers waiting for a slot, or on a loan, give up now.
         self.permits.close();
+        self.closing.send_replace(true);
         for (conn, link) in self.take_idle() {
             close(conn, link).await;
         }
@@ -389,74 +350,6 @@ impl Drop for DedicatedPool {
     fn drop(&mut self) {
         for (conn, link) in self.take_idle() {
             close_in_background(conn, link);
-        }
-    }
-}
-
-/// A dedicated connection borrowed from a [`LockClient`](crate::LockClient)'s pool for blocking
-/// work of your own (`WAIT`, `BLPOP`, `MULTI`/`EXEC`, ...). It counts against
-/// `max_connections` together with replica-acknowledged lock operations. Dereferences to a fred
-/// [`Client`].
-///
-/// Dropped, it is closed (in the background) and its slot freed at once: whatever you did on it
-/// (a `SELECT`, an `AUTH` as another user, a name, an open `MULTI`, a blocking command still
-/// running) never reaches lock operations, which connect afresh as the URL's user, in the URL's
-/// database.
-///
-/// Borrowed with [`LockClient::dedicated_connection`](crate::LockClient::dedicated_connection)
-/// (see its example).
-#[derive(Debug)]
-pub struct DedicatedConnection {
-    /// Closes the connection and frees its slot when dropped.
-    loan: Loan,
-    conn: Client,
-}
-
-impl DedicatedConnection {
-    pub(crate) fn new(loan: Loan) -> Self {
-        DedicatedConnection {
-            conn: loan.conn.clone(),
-            loan,
-        }
-    }
-
-    /// Closes the connection: the same as dropping it.
-    pub fn discard(self) {
-        drop(self.loan);
-    }
-}
-
-impl std::ops::Deref for DedicatedConnection {
-    type Target = Client;
-
-    fn deref(&self) -> &Client {
-        &self.conn
-    }
-}
-
-/// `QUIT` (waiting at most a moment: a blocked connection answers late), then abort the task.
-/// A connection whose task has ended (it never connected) has nothing to close: no `QUIT`,
-/// which fred would only answer with a warning in the service's logs.
-async fn close(conn: Client, mut link: Link) {
-    if link.task.as_ref().is_some_and(|task| !task.is_finished()) {
-        let _ = tokio::time::timeout(Duration::from_millis(250), conn.quit()).await;
-    }
-    if let Some(task) = link.task.take() {
-        task.abort();
-    }
-}
-
-/// Closes a connection whose state is unknown (e.g. a `WAIT` may still block it); without a
-/// runtime, its task is aborted at once.
-pub(crate) fn close_in_background(conn: Client, mut link: Link) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) => {
-            handle.spawn(close(conn, link));
-        }
-        Err(_) => {
-            if let Some(task) = link.task.take() {
-                task.abort();
-            }
         }
     }
 }
