@@ -463,12 +463,7 @@ async fn a_stalled_primary_is_unavailable_not_a_full_pool() {
 /// dedicated connections stayed busy; raise max_connections", and `dedicated_connection` too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_at_a_stalled_primary_hear_unavailable_not_a_full_pool() {
-    let pool = SmallPool::start("stalled-many", Duration::from_secs(5), 2).await;
-    pool.locks
-        .with_lock("warm", Duration::from_secs(1), async {})
-        .await
-        .expect("healthy");
-    pool.setup.primary.pause();
+    let pool = SmallPool::stalled("stalled-many").await;
     let call = |i: usize| {
         let locks = pool.locks.clone();
         tokio::spawn(async move {
@@ -544,12 +539,7 @@ async fn callers_at_a_stalled_primary_hear_unavailable_not_a_full_pool() {
 /// once"). An audit saw those return 3.3-4.5 s after `quit()`, at their own deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quit_ends_attempts_in_flight_at_once() {
-    let pool = SmallPool::start("quit-in-flight", Duration::from_secs(5), 2).await;
-    pool.locks
-        .with_lock("warm", Duration::from_secs(1), async {})
-        .await
-        .expect("healthy");
-    pool.setup.primary.pause();
+    let pool = SmallPool::stalled("quit-in-flight").await;
     let callers: Vec<_> = (0..10)
         .map(|i| {
             let locks = pool.locks.clone();
@@ -608,6 +598,18 @@ impl SmallPool {
             client,
             locks,
         }
+    }
+
+    /// A pool of 2 (5 s leases) that has connected once, whose primary is then stopped
+    /// (SIGSTOP; resume it with `setup.primary.resume()`).
+    async fn stalled(namespace: &str) -> SmallPool {
+        let pool = SmallPool::start(namespace, Duration::from_secs(5), 2).await;
+        pool.locks
+            .with_lock("warm", Duration::from_secs(1), async {})
+            .await
+            .expect("healthy");
+        pool.setup.primary.pause();
+        pool
     }
 
     /// Spawns one holder per key named `{prefix}{i}`, `i < count`, each holding its lock until
