@@ -290,4 +290,16 @@ mod tests {
         assert!(text.contains("account:42"), "{text}");
         assert!(text.contains("29.1s") && text.contains("900ms"), "{text}");
     }
+
+    #[test]
+    fn control_characters_in_keys_are_escaped() {
+        let text = table(&[("evil\nKEY  FENCING TOKEN\tx\u{1b}[2J".into(), 1, None, None)]);
+        // Header plus exactly one row: a key cannot forge lines or move the cursor.
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(!text.contains('\u{1b}') && !text.contains('\t'), "{text}");
+        assert!(text.contains(r"evil\nKEY"), "{text}");
+        // Ordinary keys, quotes and non-ASCII letters included, print as they are.
+        let text = table(&[("konto:Ärger\"x\"".into(), 1, None, None)]);
+        assert!(text.contains("konto:Ärger\"x\""), "{text}");
+    }
 }
