@@ -125,11 +125,29 @@ fn row(key: String, holder: &HolderInfo) -> Row {
     (key, holder.fencing_token, holder.remaining, holder.held_for)
 }
 
+/// `text` with its control characters (newline, tab, escape, ...) written as escapes, so a key
+/// prints on one line and cannot drive the terminal; everything else prints as it is.
+fn printable(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_owned();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_debug().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 /// The table `list` and `show` print.
 fn table(rows: &[Row]) -> String {
-    let width = rows
+    let keys: Vec<String> = rows.iter().map(|(key, ..)| printable(key)).collect();
+    let width = keys
         .iter()
-        .map(|(key, ..)| key.chars().count())
+        .map(|key| key.chars().count())
         .chain([3])
         .max()
         .unwrap_or(3);
@@ -137,7 +155,7 @@ fn table(rows: &[Row]) -> String {
         "{:<width$}  {:>13}  {:>9}  {:>9}\n",
         "KEY", "FENCING TOKEN", "REMAINING", "HELD FOR"
     );
-    for (key, token, remaining, held_for) in rows {
+    for (key, (_, token, remaining, held_for)) in keys.iter().zip(rows) {
         let _ = writeln!(
             out,
             "{key:<width$}  {token:>13}  {:>9}  {:>9}",
