@@ -311,4 +311,48 @@ mod tests {
         };
         assert!(lost.to_string().contains("no longer holds"));
     }
+
+    #[test]
+    fn display_quotes_the_key_and_rounds_durations() {
+        let err = LockError::TimedOut {
+            key: "a b\nc\"d".into(),
+            namespace: "n".into(),
+            waited: Duration::from_nanos(2_000_123_456),
+            reason: TimeoutReason::Busy,
+        };
+        let text = err.to_string();
+        assert!(text.contains(r#"acquiring lock "a b\nc\"d" in"#), "{text}");
+        assert!(text.starts_with("timed out after 2s acquiring"), "{text}");
+        let lost = LockError::LockLost {
+            key: "k".into(),
+            namespace: "n".into(),
+            held: Duration::from_nanos(1_234_567_891),
+            reason: LossReason::NotOwner,
+        };
+        let text = lost.to_string();
+        assert!(
+            text.starts_with(r#"lock "k" in namespace "n" was lost after 1.235s:"#),
+            "{text}"
+        );
+        let short = LockError::TimedOut {
+            key: "k".into(),
+            namespace: "n".into(),
+            waited: Duration::from_nanos(300_456_789),
+            reason: TimeoutReason::Busy,
+        };
+        assert!(
+            short.to_string().starts_with("timed out after 300ms "),
+            "{short}"
+        );
+        let tiny = LockError::TimedOut {
+            key: "k".into(),
+            namespace: "n".into(),
+            waited: Duration::from_nanos(456_789),
+            reason: TimeoutReason::Busy,
+        };
+        assert!(
+            tiny.to_string().starts_with("timed out after 457µs "),
+            "{tiny}"
+        );
+    }
 }
