@@ -27,7 +27,11 @@ use std::time::Duration;
 pub enum LockError {
     /// The lock could not be acquired within the wait (or, for `try_with_lock`, transient failures
     /// did not clear within about a second). The body did not run.
-    #[error("timed out after {waited:?} acquiring lock {key} in namespace {namespace:?}: {reason}")]
+    #[error(
+        "timed out after {} acquiring lock {} in namespace {namespace:?}: {reason}",
+        rounded(*.waited),
+        quoted(.key)
+    )]
     TimedOut {
         /// The lock key, printable (non-UTF-8 bytes escaped).
         key: String,
@@ -41,7 +45,11 @@ pub enum LockError {
 
     /// The lease was lost while the body ran (or before it could start); the body future was
     /// dropped. Work the body already did is not undone.
-    #[error("lock {key} in namespace {namespace:?} was lost after {held:?}: {reason}")]
+    #[error(
+        "lock {} in namespace {namespace:?} was lost after {}: {reason}",
+        quoted(.key),
+        rounded(*.held)
+    )]
     LockLost {
         /// The lock key, printable.
         key: String,
@@ -251,6 +259,33 @@ impl fmt::Display for AttemptFailure<'_> {
             other => other.fmt(f),
         }
     }
+}
+
+/// A key as error texts show it: in double quotes, with control characters and quotes escaped
+/// (`printable` keys keep their `\xNN` escapes for non-UTF-8 bytes).
+pub(crate) fn quoted(key: &str) -> String {
+    let mut out = String::with_capacity(key.len() + 2);
+    out.push('"');
+    for c in key.chars() {
+        if c.is_control() || c == '"' {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A duration as error texts show it: to the millisecond (to the microsecond below 1 ms).
+pub(crate) fn rounded(duration: Duration) -> String {
+    let nanos = duration.as_nanos();
+    let shown = if nanos >= 1_000_000 {
+        Duration::from_millis(u64::try_from((nanos + 500_000) / 1_000_000).unwrap_or(u64::MAX))
+    } else {
+        Duration::from_micros(u64::try_from((nanos + 500) / 1_000).unwrap_or(u64::MAX))
+    };
+    format!("{shown:?}")
 }
 
 #[cfg(test)]

@@ -808,7 +808,7 @@ async fn an_overloaded_pool_keeps_its_connections() {
     let mut kinds = std::collections::BTreeMap::<String, usize>::new();
     for text in &other {
         let kind = text
-            .split_once("ms acquiring lock")
+            .split_once(" acquiring lock")
             .map_or(text.as_str(), |(_, rest)| {
                 rest.split_once(':').map_or(rest, |(_, why)| why)
             });

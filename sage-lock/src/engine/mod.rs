@@ -251,7 +251,10 @@ pub(crate) async fn run<F: Future>(
 /// The error of a lock call made outside a Tokio runtime (see [`crate::runtime`]).
 pub(crate) fn outside_runtime(key: &str, namespace: &str) -> LockError {
     LockError::backend(
-        format!("acquiring lock {key} in namespace {namespace:?}"),
+        format!(
+            "acquiring lock {} in namespace {namespace:?}",
+            crate::error::quoted(key)
+        ),
         crate::runtime::missing(),
     )
 }

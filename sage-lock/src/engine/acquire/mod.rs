@@ -157,7 +157,7 @@ pub(crate) async fn acquire(
             Err(LockError::backend(
                 format!(
                     "acquiring lock {} in namespace {namespace:?}{hint}",
-                    keys.display()
+                    crate::error::quoted(keys.display())
                 ),
                 error,
             ))
