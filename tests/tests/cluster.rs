@@ -49,6 +49,49 @@ async fn a_cluster_node_behind_a_plain_url_is_refused() {
     }
 }
 
+/// A fred client configured for one cluster node (a plain, centralized config) handed to
+/// `from_fred` fails its lock calls with the same advice as the plain URL, on keys of that
+/// node's slots and of the others alike, at once: not `MOVED` errors or timeouts for some keys
+/// and locks for the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_fred_client_at_a_cluster_node_is_refused() {
+    for kind in ServerKind::ALL {
+        let cluster = harness::shared_cluster(kind);
+        let port = cluster.nodes[0].port();
+        let config =
+            sage_lock::fred::prelude::Config::from_url(&format!("redis://127.0.0.1:{port}"))
+                .expect("config");
+        let fred = sage_lock::fred::prelude::Builder::from_config(config)
+            .build()
+            .expect("fred client");
+        let client = LockClient::from_fred(fred);
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("plain-fred-at-node"))
+            .expect("locks");
+        for key in (0..6).map(|i| format!("key-{i}")) {
+            let started = Instant::now();
+            let result = locks
+                .with_lock(key.as_str(), Duration::from_secs(3), async {})
+                .await;
+            let Err(LockError::InvalidArgument { message, .. }) = &result else {
+                panic!("{}: {key}: {result:?}", kind.name());
+            };
+            assert!(
+                message.contains("cluster node") && message.contains("redis-cluster://"),
+                "{}: {key}: {message}",
+                kind.name()
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "{}: {key}: refused after {:?}",
+                kind.name(),
+                started.elapsed()
+            );
+        }
+        client.quit().await;
+    }
+}
+
 /// Locks spread over all three shards, and each shard's lock key sits with its fencing counter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_spread_over_shards() {
