@@ -56,8 +56,14 @@ impl LockClient {
         max_connections: usize,
         command_timeout: Duration,
         renewal_batch_limit: usize,
+        node_checked: bool,
     ) -> LockClient {
         let conn = Connection::new(fred, startup, deployment, max_connections, command_timeout);
+        let conn = if node_checked || deployment == Deployment::Cluster {
+            conn
+        } else {
+            conn.checking_node()
+        };
         LockClient {
             inner: Arc::new(Engine::new(conn, renewal_batch_limit)),
         }

@@ -301,9 +301,27 @@ pub(crate) async fn refuse_wrong_node(
     target: &str,
     timeout: std::time::Duration,
 ) -> Result<(), LockError> {
+    match wrong_node_problem(client, target, timeout).await {
+        Ok(Some(problem)) => Err(LockError::invalid("url", problem)),
+        Ok(None) | Err(Unanswered) => Ok(()),
+    }
+}
+
+/// The server did not answer `INFO` in time, or could not be reached.
+pub(crate) struct Unanswered;
+
+/// What [`refuse_wrong_node`] refuses `target` for, if anything.
+pub(crate) async fn wrong_node_problem(
+    client: &fred::clients::Client,
+    target: &str,
+    timeout: std::time::Duration,
+) -> Result<Option<String>, Unanswered> {
     use fred::interfaces::ClientLike as _;
-    let Ok(Ok(info)) = tokio::time::timeout(timeout, client.info::<String>(None)).await else {
-        return Ok(());
+    let info = match tokio::time::timeout(timeout, client.info::<String>(None)).await {
+        Ok(Ok(info)) => info,
+        // An ACL without `INFO`: answered, and nothing to learn.
+        Ok(Err(error)) if error.details().contains("NOPERM") => return Ok(None),
+        _ => return Err(Unanswered),
     };
     let field = |name: &str| {
         info.lines()
@@ -332,9 +350,9 @@ pub(crate) async fn refuse_wrong_node(
              through Sentinel (redis-sentinel://) to follow failovers"
         )
     } else {
-        return Ok(());
+        return Ok(None);
     };
-    Err(LockError::invalid("url", problem))
+    Ok(Some(problem))
 }
 
 #[cfg(test)]

@@ -79,6 +79,12 @@ impl LockClient {
     /// clone is dropped. The deployment is read from the configuration; to declare a plain
     /// server replicated, use `LockClient::builder().fred_client(&client).replicated(true)`.
     ///
+    /// A node that cannot hold locks through `client`'s configuration (a cluster node in a
+    /// plain, single-server configuration; a Sentinel; a replica given directly) makes every
+    /// lock and operator call fail with [`LockError::InvalidArgument`] naming the configuration
+    /// to use, as [`LockClient::connect`] refuses such a URL; the node is asked (`INFO`) on the
+    /// first call, then remembered.
+    ///
     /// Needs no Tokio runtime. Called inside one, it starts connecting at once, in the
     /// background; called outside one (in a plain `fn main` before `block_on`, in a `LazyLock`
     /// initializer), it connects on the client's first use inside a runtime: the first lock or
@@ -105,6 +111,7 @@ impl LockClient {
                 DEFAULT_MAX_CONNECTIONS,
                 settings.command_timeout,
                 settings.renewal_batch_limit,
+                false,
             );
         };
         // The rebuilt client is new and unconnected, whether or not `client` was connected.
@@ -119,6 +126,7 @@ impl LockClient {
             DEFAULT_MAX_CONNECTIONS,
             settings.command_timeout,
             settings.renewal_batch_limit,
+            false,
         )
     }
 }
@@ -488,6 +496,7 @@ impl LockClientBuilder {
             self.max_connections,
             self.command_timeout,
             self.renewal_batch_limit,
+            true,
         ))
     }
 }

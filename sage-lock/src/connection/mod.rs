@@ -24,12 +24,14 @@ use crate::topology::Deployment;
 mod delifeq;
 mod down;
 mod in_flight;
+mod node;
 mod run;
 mod verdict;
 
 pub(crate) use crate::retry::DEADLINE_REACHED;
 use delifeq::DELIFEQ_UNKNOWN;
 use down::ConnectionErrors;
+pub(crate) use node::NodeCheck;
 pub(crate) use run::CALLER_TIMED;
 pub(crate) use verdict::{Ack, OpError};
 
@@ -83,6 +85,8 @@ pub(crate) struct Connection {
     sentinel_seed: Option<SentinelSeed>,
     /// The shared connection's errors, to say why it is down.
     errors: ConnectionErrors,
+    /// Whether the node can hold locks, for a client that did not check at connect.
+    node_check: NodeCheck,
 }
 
 impl Connection {
@@ -112,7 +116,20 @@ impl Connection {
             reconnecting: Arc::default(),
             delifeq: std::sync::atomic::AtomicU8::new(DELIFEQ_UNKNOWN),
             closed: Arc::default(),
+            node_check: NodeCheck::done(),
         }
+    }
+
+    /// The same, checking on first use whether the node can hold locks (see [`NodeCheck`]).
+    pub(crate) fn checking_node(mut self) -> Self {
+        self.node_check = NodeCheck::on_first_use();
+        self
+    }
+
+    /// Why no lock can be taken on the node this client reaches, if that is so: asked once,
+    /// on the first call, for a client that did not check at connect; otherwise `None` at once.
+    pub(crate) async fn node_refusal(&self) -> Option<String> {
+        self.node_check.refusal(self.fred()).await
     }
 }
 

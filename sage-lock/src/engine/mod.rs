@@ -230,6 +230,7 @@ pub(crate) async fn run<F: Future>(
     if !crate::runtime::is_current() {
         return Err(outside_runtime(keys.display(), &settings.namespace));
     }
+    engine.refuse_wrong_node().await?;
     let span =
         tracing::debug_span!("sage_lock", key = %keys.display(), namespace = %settings.namespace);
     if settings.reentrant
@@ -246,6 +247,18 @@ pub(crate) async fn run<F: Future>(
     };
     // Boxed, so the caller's future stays small whatever the body.
     Box::pin(hold(held, &settings, body, span)).await.map(Some)
+}
+
+impl Engine {
+    /// [`LockError::InvalidArgument`] when the node a `from_fred` client reaches cannot hold
+    /// locks (a cluster node through a plain configuration, a Sentinel, a replica): asked on the
+    /// first call, then remembered.
+    pub(crate) async fn refuse_wrong_node(&self) -> Result<(), LockError> {
+        match self.conn.node_refusal().await {
+            Some(problem) => Err(LockError::invalid("from_fred", problem)),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The error of a lock call made outside a Tokio runtime (see [`crate::runtime`]).

@@ -56,6 +56,7 @@ pub(crate) async fn run_all<F: Future>(
     if !crate::runtime::is_current() {
         return Err(super::outside_runtime(key, &settings.namespace));
     }
+    engine.refuse_wrong_node().await?;
     let span = tracing::debug_span!(
         "sage_lock",
         key = %key,

@@ -146,6 +146,7 @@ impl<K: ?Sized> Locks<K> {
     }
 
     async fn inspect(&self, keys: &LockKeys) -> Result<Inspected, LockError> {
+        self.engine.refuse_wrong_node().await?;
         let call = INSPECT_SCRIPT.call(
             keys.slot,
             vec![keys.lock.clone(), keys.fence.clone(), keys.since.clone()],
@@ -346,6 +347,7 @@ impl<K: ?Sized> Locks<K> {
             let context = format!("could not scan the locks of namespace {namespace}");
             return Err(self.backend(context, error));
         }
+        self.engine.refuse_wrong_node().await?;
         for slot in self.primaries() {
             let mut cursor = Value::from("0");
             loop {
