@@ -207,7 +207,7 @@ fn held_by_this_task<'u>(engine: &Arc<Engine>, units: &'u [Unit]) -> Option<&'u 
     })
 }
 
-/// How a timeout names a unit of several keys: `one of a, b, c` (at most [`NAMED`] of them,
+/// How a timeout names a unit of several keys: `one of a, b, c` (at most 8 of them,
 /// then how many more).
 fn one_of(parts: &[Arc<LockKeys>]) -> String {
     /// How many keys a timeout lists.
