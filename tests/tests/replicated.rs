@@ -915,6 +915,35 @@ async fn a_replica_behind_a_plain_url_is_refused() {
                 "{kind}: {message}"
             );
         }
+        // The same replica in a fred client's plain configuration, given to `from_fred`: its
+        // lock and operator calls are refused at once with the same advice.
+        let config = sage_lock::fred::prelude::Config::from_url(&replica.url()).expect("config");
+        let fred = sage_lock::fred::prelude::Builder::from_config(config)
+            .build()
+            .expect("fred client");
+        let client = LockClient::from_fred(fred);
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("fred-at-replica"))
+            .expect("locks");
+        let started = Instant::now();
+        let locked = locks.with_lock("k", Duration::from_secs(3), async {}).await;
+        let scanned = locks.scan().await;
+        for (call, message) in [
+            ("with_lock", locked.err().map(|error| error.to_string())),
+            ("scan", scanned.err().map(|error| error.to_string())),
+        ] {
+            let message = message.unwrap_or_default();
+            assert!(
+                message.contains("is a replica") && message.contains("from_fred"),
+                "{kind}: {call}: {message:?}"
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{kind}: {:?}",
+            started.elapsed()
+        );
+        client.quit().await;
     }
 }
 
