@@ -480,14 +480,14 @@ impl LockClientBuilder {
             ));
         }
         if deployment != Deployment::Cluster
-            && let Err(error) =
-                crate::url::refuse_wrong_node(&fred, &target, self.command_timeout).await
+            && let Ok(Some(problem)) =
+                crate::connection::wrong_node_problem(&fred, &target, self.command_timeout).await
         {
             let _ = tokio::time::timeout(Duration::from_secs(1), fred.quit()).await;
             if let Some(task) = task {
                 task.abort();
             }
-            return Err(error);
+            return Err(LockError::invalid("url", problem));
         }
         Ok(LockClient::from_parts(
             fred,

@@ -31,7 +31,7 @@ mod verdict;
 pub(crate) use crate::retry::DEADLINE_REACHED;
 use delifeq::DELIFEQ_UNKNOWN;
 use down::ConnectionErrors;
-pub(crate) use node::NodeCheck;
+pub(crate) use node::{NodeCheck, wrong_node_problem};
 pub(crate) use run::CALLER_TIMED;
 pub(crate) use verdict::{Ack, OpError};
 

@@ -1,10 +1,11 @@
-//! Whether the node a caller-configured fred client reaches can hold locks at all: checked once,
-//! on the first lock or operator call, for clients made by `LockClient::from_fred` (a URL or the
-//! builder checks at connect).
+//! Whether the node a client reaches can hold locks at all (not a cluster node through a plain
+//! configuration, a Sentinel, or a replica): the builder asks at connect, a client made by
+//! `LockClient::from_fred` on its first lock or operator call.
 
 use std::time::Duration;
 
 use fred::clients::Client;
+use fred::types::config::ServerConfig;
 
 /// The longest the check may hold up a first call; a server that does not answer by then is let
 /// through, and the next call asks again.
@@ -28,9 +29,19 @@ impl NodeCheck {
     /// directly), or `None`. After the first answer, an atomic load.
     pub(crate) async fn refusal(&self, fred: &Client) -> Option<String> {
         let cell = self.0.as_ref()?;
+        if let Some(known) = cell.get() {
+            return known.clone();
+        }
+        // Boxed: asked once, and kept out of every lock call's future.
+        Box::pin(Self::ask(cell, fred)).await
+    }
+
+    /// Asks the node, unless a concurrent first call already did; an unanswered question is
+    /// not remembered.
+    async fn ask(cell: &tokio::sync::OnceCell<Option<String>>, fred: &Client) -> Option<String> {
         let outcome = cell
             .get_or_try_init(|| async {
-                crate::url::wrong_node_problem(fred, "the fred client's server", CHECK_TIMEOUT)
+                wrong_node_problem(fred, "the fred client's server", CHECK_TIMEOUT)
                     .await
                     .map(|problem| {
                         problem.map(|problem| {
@@ -44,4 +55,56 @@ impl NodeCheck {
             .await;
         outcome.ok().and_then(Clone::clone)
     }
+}
+
+/// The server did not answer `INFO` in time, or could not be reached.
+pub(crate) struct Unanswered;
+
+/// Why no lock can be taken on the node `client` reaches through a plain configuration (or
+/// the primary one Sentinel named), if that is so: a cluster node (as a standalone client it
+/// would reach only that node's slots, `MOVED` for every other key, and scan one node), a
+/// Sentinel (it runs no scripts) and, given directly, a replica (`READONLY` for every write).
+/// A server that refuses `INFO` (an ACL without it) is let through.
+pub(crate) async fn wrong_node_problem(
+    client: &Client,
+    target: &str,
+    timeout: Duration,
+) -> Result<Option<String>, Unanswered> {
+    use fred::interfaces::ClientLike as _;
+    let info = match tokio::time::timeout(timeout, client.info::<String>(None)).await {
+        Ok(Ok(info)) => info,
+        // An ACL without `INFO`: answered, and nothing to learn.
+        Ok(Err(error)) if error.details().contains("NOPERM") => return Ok(None),
+        _ => return Err(Unanswered),
+    };
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
+    };
+    let problem = if field("cluster_enabled") == Some("1") {
+        format!(
+            "{target} is a cluster node: connect with redis-cluster://host:port (any node's \
+             address; the client finds the others), or rediss-cluster:// for TLS"
+        )
+    } else if field("redis_mode") == Some("sentinel") || field("server_mode") == Some("sentinel") {
+        format!(
+            "{target} is a Sentinel, which runs no locks: connect through it with \
+             redis-sentinel://host:port?sentinelServiceName=NAME (the Sentinels' addresses; \
+             they name the primary of the service NAME)"
+        )
+    } else if matches!(field("role"), Some("slave" | "replica"))
+        && !matches!(client.client_config().server, ServerConfig::Sentinel { .. })
+    {
+        let primary = match (field("master_host"), field("master_port")) {
+            (Some(host), Some(port)) => format!(" of {host}:{port}"),
+            _ => String::new(),
+        };
+        format!(
+            "{target} is a replica{primary}, which refuses writes: connect to the primary, or \
+             through Sentinel (redis-sentinel://) to follow failovers"
+        )
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(problem))
 }
