@@ -249,3 +249,63 @@ async fn the_tools_refuse_a_key_of_another_type_and_say_how_to_look_at_it() {
     harness::cmd_ok(port, &["DEL", "{operator-by-hand:by-hand}"]);
     client.quit().await;
 }
+
+/// A body that ends before the holder's next renewal, after its lock was force-unlocked (or
+/// lost otherwise), still returns its output, but the release that finds the lock no longer
+/// its owner's says so: a `WARN` naming the key, and the loss counted in `losses` (not in
+/// `releases`). Before, only a `DEBUG` line said so and the stats counted a release (an audit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loss_found_by_the_release_is_warned_and_counted() {
+    for target in targets() {
+        let name = format!("{} {}", target.kind.name(), target.label);
+        let client = target.client().await;
+        let locks = family(
+            &client,
+            &target.ns("found-at-release"),
+            Duration::from_secs(10),
+        );
+        for key in ["uncontended", "taken-over"] {
+            let before = client.stats();
+            let captured = harness::Captured::default();
+            let operator = locks.clone();
+            let intruder = locks.clone();
+            let output = locks
+                .with_lock(key, Duration::from_secs(2), async move {
+                    assert!(
+                        operator
+                            .force_unlock_by(key, "the test")
+                            .await
+                            .expect("force")
+                    );
+                    if key == "taken-over" {
+                        // Another owner takes the lock before this body ends.
+                        let taken = intruder.try_with_lock(key, async {}).await;
+                        assert!(matches!(taken, Ok(Some(()))), "{taken:?}");
+                    }
+                    7
+                })
+                .with_subscriber(captured.warn_subscriber())
+                .await;
+            assert!(matches!(output, Ok(7)), "{name} {key}: {output:?}");
+            let after = client.stats();
+            let logged = captured.text();
+            println!("{name} {key}: {logged}");
+            let warned = logged
+                .lines()
+                .find(|line| line.contains("no longer"))
+                .unwrap_or_default();
+            assert!(
+                warned.contains("WARN") && warned.contains(key),
+                "{name} {key}: {logged:?}"
+            );
+            assert_eq!(after.losses, before.losses + 1, "{name} {key}: {after:?}");
+            let others = u64::from(key == "taken-over");
+            assert_eq!(
+                after.releases,
+                before.releases + others,
+                "{name} {key}: {after:?}"
+            );
+        }
+        client.quit().await;
+    }
+}
