@@ -48,7 +48,8 @@ pub struct LockStats {
     pub renewals: u64,
     /// Renewal attempts that failed (the lease may still have been kept by a later attempt).
     pub renewal_failures: u64,
-    /// Held locks that were lost.
+    /// Held locks that were lost: while the body ran (`LockLost`), or found lost by the release
+    /// after the body ended (logged at `WARN`: "lock lost before its release").
     pub losses: u64,
     /// Locks released by their owner.
     pub releases: u64,

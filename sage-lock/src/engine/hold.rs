@@ -134,7 +134,7 @@ impl Held {
     pub(crate) async fn release(mut self) {
         self.stop_renewal();
         // Stay armed until done: dropped mid-release, the release finishes in the background.
-        release_now(
+        let released = release_now(
             &self.engine,
             &*self.rules,
             &self.keys,
@@ -148,8 +148,24 @@ impl Held {
         )
         .await;
         self.armed = false;
-        self.metrics.held(self.lease.held_for());
-        tracing::debug!(held = ?self.lease.held_for(), "lock released");
+        let held = self.lease.held_for();
+        self.metrics.held(held);
+        if released == Released::NotOurs {
+            // The body ran to its end, but the lock was lost before it did, unnoticed until now
+            // (its next renewal had not come): say so, as a loss.
+            self.engine.conn.stats.record(&self.metrics, Event::Loss);
+            tracing::warn!(
+                key = %self.keys.display(),
+                namespace = %self.namespace,
+                ?held,
+                "lock lost before its release: the body ended, but the key no longer held this \
+                 owner's token (expired, force-unlocked or deleted): another owner may have \
+                 held it meanwhile (a store checking fencing tokens rejects this holder's \
+                 writes made after that)"
+            );
+        } else {
+            tracing::debug!(?held, "lock released");
+        }
     }
 
     /// Gives up an acquisition: an attempt whose reply was lost may still have been granted, so
@@ -293,7 +309,9 @@ impl Drop for Releasing {
 
 /// Removes `token`'s hold (or, with `keep_for`, lets it expire then), bounded by
 /// [`RELEASE_TIMEOUT`]; failures are logged (the lease expires). Wakes this process's waiters for
-/// the key when it was removed.
+/// the key when it was removed. Returns [`Released::NotOurs`] when the server's first answer
+/// said the key no longer held `token` (not after a retry, which may find its own earlier
+/// removal).
 #[allow(clippy::too_many_arguments)]
 async fn release_now(
     engine: &Engine,
@@ -306,23 +324,33 @@ async fn release_now(
     granted_by: Option<&Server>,
     plain: bool,
     unanswered: bool,
-) {
+) -> Released {
     let _releasing = engine.releases.start();
     // One bound for the whole release, the quick attempt and the script together.
     let deadline = Instant::now() + RELEASE_TIMEOUT;
+    // Whether a removal may already have run unanswered: the key then found gone tells nothing.
+    let mut retried = unanswered;
+    // (Replicated deployments need the checked path: no plain release is sent.)
     if plain
         && keep_for.is_none()
+        && !engine.conn.deployment.is_replicated()
         && let Some(key) = rules.plain_release_key(keys)
-        && engine
+    {
+        match engine
             .conn
             .delete_if_equal(&key, keys.slot, token, deadline)
             .await
-            == Some(true)
-    {
-        // Nobody queued on the server; a local task may wait without queueing.
-        engine.waiters.wake_one(&keys.lock);
-        engine.conn.stats.record(metrics, Event::Release);
-        return;
+        {
+            Some(true) => {
+                // Nobody queued on the server; a local task may wait without queueing.
+                engine.waiters.wake_one(&keys.lock);
+                engine.conn.stats.record(metrics, Event::Release);
+                return Released::Done;
+            }
+            Some(false) => {}
+            // Refused, failed or unanswered: it may have run.
+            None => retried = true,
+        }
     }
     let call = match keep_for {
         Some(keep_for) => rules.shorten_call(keys, token, keep_for),
@@ -349,6 +377,7 @@ async fn release_now(
                 if classify(error) == Failure::Transient && !left.is_zero() =>
             {
                 tracing::debug!(%error, "release failed on the way; trying again");
+                retried = true;
                 tokio::time::sleep(backoff.next_delay(left)).await;
                 sent = std::time::Instant::now();
             }
@@ -380,13 +409,14 @@ async fn release_now(
             }
             engine.conn.stats.record(metrics, Event::Release);
         }
+        Ok(false) if !retried => return Released::NotOurs,
         Ok(false) => tracing::debug!("release found the lock no longer ours"),
         Err(error) => {
             if engine.conn.is_closed() {
                 // `quit()` came first: it closed the connections the release needed, and its
                 // holds expire with their leases, as its documentation says.
                 tracing::debug!("release not sent: the client was closed (LockClient::quit())");
-                return;
+                return Released::Done;
             }
             let unanswered =
                 matches!(&error, OpError::Failed(error) if classify(error) == Failure::Transient);
@@ -405,6 +435,16 @@ async fn release_now(
             }
         }
     }
+    Released::Done
+}
+
+/// What a release learned about the hold it released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Released {
+    /// Removed, failed (logged), or found gone after a retry: nothing more to say.
+    Done,
+    /// The key no longer held the token at the first answer: the hold had been lost already.
+    NotOurs,
 }
 
 /// How long an acquisition whose wait ran out waits for the release undoing its last attempt,

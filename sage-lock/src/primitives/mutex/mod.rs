@@ -87,7 +87,9 @@ impl<K: ?Sized> Locks<K> {
     ///   the wait, also when the server stopped answering.
     /// - [`LockError::LockLost`]: the lease was lost; the body future was dropped. It returns
     ///   at the loss (at most about 25 ms later), the release that follows going on in the
-    ///   background.
+    ///   background. A loss nobody noticed before the body ended (no renewal came between) is
+    ///   not an error: the release finds it, logs it at `WARN` and counts it in
+    ///   [`LockStats::losses`](crate::LockStats::losses).
     /// - [`LockError::Backend`]: a non-transient server or connection error.
     ///
     /// Dropping the returned future stops renewal and releases the lock in the background.
