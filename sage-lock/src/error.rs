@@ -303,6 +303,12 @@ mod tests {
             none.contains("check replica health") && none.contains("without replicas"),
             "{none}"
         );
+        // A cluster made without replicas is replicated by default: the fix is the option, not
+        // a setting the user never gave (an audit).
+        assert!(
+            none.contains("a cluster") && none.contains("replica_acknowledgement(false)"),
+            "{none}"
+        );
         let short = TimeoutReason::NotAcknowledged {
             acknowledged: 1,
             required: 2,
