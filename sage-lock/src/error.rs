@@ -158,10 +158,13 @@ impl fmt::Display for TimeoutReason {
                 )?;
                 if *acknowledged == 0 && *required == 1 {
                     // A replicated deployment needs at least one acknowledgement: its replica
-                    // is down, or there is none (a single server).
+                    // is down, or there is none (a single server, a cluster made without).
                     f.write_str(
-                        " (no replica acknowledged: is the primary's replica down? A single \
-                         server without replicas needs no replicated(true))",
+                        " (no replica acknowledged, and at least one must: is the primary's \
+                         replica down? A deployment without replicas, such as a cluster made \
+                         without them or a single server, needs \
+                         LockOptions::replica_acknowledgement(false), or no replicated(true) on \
+                         its URL)",
                     )?;
                 }
                 Ok(())
