@@ -6,7 +6,9 @@
 //! one-permit semaphore's) lower than one already seen for the key is then logged at `warn` and
 //! counted (`LockStats::fence_regressions`): stores that reject stale tokens would reject the new
 //! holder's writes. Grants that share (readers, a semaphore's permits) are not compared: their
-//! replies come in any order.
+//! replies come in any order. Nor are grants of different primitives on one name (the mutex, the
+//! writer, a one-permit semaphore): they share the counter but not their exclusion, so each
+//! primitive's tokens are compared only with its own.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -16,20 +18,22 @@ use fred::bytes::Bytes;
 /// Most keys remembered; past it, the memory starts over (detection is best effort).
 const MAX_KEYS: usize = 4096;
 
-/// Last token seen per lock key.
+/// Last token seen per primitive (its rules' kind) and lock key.
 #[derive(Debug, Default)]
-pub(crate) struct Fences(Mutex<HashMap<Bytes, u64>>);
+pub(crate) struct Fences(Mutex<HashMap<(&'static str, Bytes), u64>>);
 
 impl Fences {
-    /// Records `token` for `key`; returns the previous token when `token` is lower.
-    pub(crate) fn observe(&self, key: &Bytes, token: u64) -> Option<u64> {
+    /// Records `token` of a `kind` grant on `key`; returns the previous token when `token` is
+    /// lower.
+    pub(crate) fn observe(&self, kind: &'static str, key: &Bytes, token: u64) -> Option<u64> {
         let Ok(mut seen) = self.0.lock() else {
             return None;
         };
-        if seen.len() >= MAX_KEYS && !seen.contains_key(key) {
+        let entry = (kind, key.clone());
+        if seen.len() >= MAX_KEYS && !seen.contains_key(&entry) {
             seen.clear();
         }
-        let last = seen.entry(key.clone()).or_insert(token);
+        let last = seen.entry(entry).or_insert(token);
         if token < *last {
             let previous = *last;
             *last = token;
@@ -53,11 +57,17 @@ mod tests {
     fn lower_tokens_are_reported_once() {
         let fences = Fences::default();
         let key = Bytes::from_static(b"k");
-        assert_eq!(fences.observe(&key, 1), None);
-        assert_eq!(fences.observe(&key, 5), None);
-        assert_eq!(fences.observe(&key, 2), Some(5));
-        assert_eq!(fences.observe(&key, 3), None);
-        assert_eq!(fences.observe(&Bytes::from_static(b"other"), 1), None);
+        assert_eq!(fences.observe("mutex", &key, 1), None);
+        assert_eq!(fences.observe("mutex", &key, 5), None);
+        assert_eq!(fences.observe("mutex", &key, 2), Some(5));
+        assert_eq!(fences.observe("mutex", &key, 3), None);
+        assert_eq!(
+            fences.observe("mutex", &Bytes::from_static(b"other"), 1),
+            None
+        );
+        // Another primitive on the same name shares the counter, not the order.
+        assert_eq!(fences.observe("write", &key, 2), None);
+        assert_eq!(fences.observe("mutex", &key, 4), None);
     }
 
     /// A service locking unique keys for days: the memory stays bounded.
@@ -65,7 +75,7 @@ mod tests {
     fn the_memory_of_unique_keys_stays_bounded() {
         let fences = Fences::default();
         for i in 0..3 * MAX_KEYS {
-            fences.observe(&Bytes::from(format!("order:{i}")), 1);
+            fences.observe("mutex", &Bytes::from(format!("order:{i}")), 1);
             assert!(
                 fences.remembered() <= MAX_KEYS,
                 "{} keys",

@@ -113,7 +113,9 @@ pub(crate) async fn acquire(
             // Only exclusive grants come in token order: holders that share (readers, a
             // semaphore's permits) get theirs in whatever order the replies come.
             let exclusive = rules.blocked_by(rules.kind());
-            if exclusive && let Some(previous) = engine.fences.observe(&keys.lock, fence) {
+            if exclusive
+                && let Some(previous) = engine.fences.observe(rules.kind(), &keys.lock, fence)
+            {
                 client
                     .stats
                     .record(&settings.metrics, Event::FenceRegression);
