@@ -629,3 +629,123 @@ async fn a_call_to_a_dead_node_names_that_node() {
         client.quit().await;
     }
 }
+
+/// A one-node cluster holding every slot (no replicas), ready for clients.
+fn lone_node_cluster(kind: ServerKind) -> harness::Server {
+    // Alone, a node knows no address of its own: it would name its slots' owner "".
+    let node = harness::Server::launch(
+        harness::ServerConfig::new(kind)
+            .cluster(2_000)
+            .conf_line("cluster-announce-ip 127.0.0.1"),
+    );
+    node.cmd_ok(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
+    let start = Instant::now();
+    let ok = |node: &harness::Server| {
+        node.cmd(&["CLUSTER", "INFO"])
+            .ok()
+            .and_then(|reply| reply.to_text())
+            .is_some_and(|info| info.contains("cluster_state:ok"))
+    };
+    while !ok(&node) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{kind}: the one-node cluster never came up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    node
+}
+
+/// `with_locks` over two slots at a node that stops answering returns as `with_lock` does,
+/// about 25 ms past its wait or its usable lease, not a release bound (1 s) later for every
+/// slot it had taken: the slots taken are given back together, in the background past 20 ms.
+/// Before, `TimedOut` came at 2.02 s of a 1 s wait and `LockLost` 2.0 s into a 1 s lease (an
+/// audit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_slots_at_a_stopped_node_return_in_time() {
+    for kind in ServerKind::ALL {
+        let node = Arc::new(lone_node_cluster(kind));
+        let url = format!("redis-cluster://127.0.0.1:{}", node.port());
+        let client = LockClient::connect(&url).await.expect("connect");
+        let ns = format!("stopped-slots-{}", rand::random::<u32>());
+        let options = LockOptions::new()
+            .namespace(ns.as_str())
+            .lease(Duration::from_secs(1))
+            .replica_acknowledgement(false);
+        let locks: Locks<str> = client.lock_with(options.clone()).expect("locks");
+        // The keys in slot order: the later one is the one another owner holds.
+        let mut keys = ["a", "b"];
+        keys.sort_by_key(|key| harness::key_slot(&LockClient::server_key(&ns, key)));
+        assert_ne!(
+            harness::key_slot(&LockClient::server_key(&ns, keys[0])),
+            harness::key_slot(&LockClient::server_key(&ns, keys[1]))
+        );
+
+        // A body holding both when the node stops: `LockLost` at the usable lease's end.
+        let body_started = Arc::new(std::sync::Mutex::new(None::<Instant>));
+        let started = Arc::clone(&body_started);
+        let stopped = Arc::clone(&node);
+        let lost = locks
+            .with_locks(&keys, Duration::from_secs(2), async move {
+                *started.lock().expect("clock") = Some(Instant::now());
+                stopped.pause();
+                tokio::time::sleep(Duration::from_secs(10)).await;
+            })
+            .await;
+        let after_body = body_started
+            .lock()
+            .expect("clock")
+            .expect("the body ran")
+            .elapsed();
+        node.resume();
+        assert!(
+            matches!(lost, Err(LockError::LockLost { .. })),
+            "{kind}: {lost:?}"
+        );
+        assert!(
+            after_body < Duration::from_millis(1_400),
+            "{kind}: LockLost {after_body:?} into a 1 s lease"
+        );
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+
+        // Waiting for the later slot, held by another owner, when the node stops: `TimedOut`
+        // at the wait's end.
+        let other = LockClient::connect(&url).await.expect("connect");
+        let others: Locks<str> = other.lock_with(options.clone()).expect("locks");
+        let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        let later = keys[1];
+        let holder = tokio::spawn(async move {
+            others
+                .with_lock(later, Duration::from_secs(5), async move {
+                    let _ = held_tx.send(());
+                    let _ = done_rx.await;
+                })
+                .await
+        });
+        held_rx.await.expect("the other owner holds the later key");
+        let start = Instant::now();
+        let pause = async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            node.pause();
+        };
+        let (timed_out, ()) = tokio::join!(
+            locks.with_locks(&keys, Duration::from_secs(1), async {}),
+            pause
+        );
+        let returned = start.elapsed();
+        node.resume();
+        assert!(
+            matches!(timed_out, Err(LockError::TimedOut { .. })),
+            "{kind}: {timed_out:?}"
+        );
+        assert!(
+            returned < Duration::from_millis(1_400),
+            "{kind}: TimedOut {returned:?} into a 1 s wait"
+        );
+        drop(done_tx);
+        let _ = holder.await;
+        other.quit().await;
+        client.quit().await;
+    }
+}
