@@ -198,6 +198,26 @@ impl Held {
         }
     }
 
+    /// Releases the holds in the background, all at once, and waits for them at most
+    /// [`ABANDON_WAIT`] together: for holds given back without their body having run (a later
+    /// unit could not be taken) or beside a lost one, so the caller's error comes at once even
+    /// when the server stopped answering. The releases go on, counted for `quit`.
+    pub(crate) async fn give_back_all(helds: Vec<Held>) {
+        let until = Instant::now() + ABANDON_WAIT;
+        let releases: Vec<_> = helds
+            .into_iter()
+            .filter_map(|mut held| {
+                held.stop_renewal();
+                let release = release_in_background(&held);
+                held.armed = false;
+                release
+            })
+            .collect();
+        for release in releases {
+            let _ = tokio::time::timeout_at(until, release).await;
+        }
+    }
+
     /// Records a loss, makes a best-effort release (waited for at most [`ABANDON_WAIT`], then
     /// left to the background, counted for `quit`), and builds the error.
     pub(crate) async fn lost(mut self, reason: LossReason) -> LockError {

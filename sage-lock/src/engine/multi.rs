@@ -98,10 +98,10 @@ impl Taken {
         self.helds.push(held);
     }
 
-    /// Stops renewal and releases every unit taken.
-    async fn release(self) {
+    /// Stops renewal and gives every unit taken back (see [`Held::give_back_all`]).
+    async fn give_back(self) {
         drop(self.registrations);
-        release_all(self.helds).await;
+        Held::give_back_all(self.helds).await;
     }
 }
 
@@ -160,11 +160,11 @@ async fn acquire_all(
             match outcome {
                 Ok(Ok(Some(held))) => taken.push(held, unit, settings),
                 Ok(Ok(None)) => {
-                    taken.release().await;
+                    taken.give_back().await;
                     return Ok(None);
                 }
                 Ok(Err(mut error)) => {
-                    taken.release().await;
+                    taken.give_back().await;
                     if let LockError::TimedOut { waited, key, .. } = &mut error {
                         // A later unit's wait began after the earlier units were taken: the
                         // caller waited since this call began.
@@ -179,7 +179,7 @@ async fn acquire_all(
                 Err((key, reason)) => {
                     // Lost before the body ran: nothing was done under it, so start again.
                     tracing::debug!(%key, ?reason, "a key was lost while waiting for the next; retrying");
-                    taken.release().await;
+                    taken.give_back().await;
                     if remaining(deadline).is_zero() {
                         engine.conn.stats.record(&settings.metrics, Event::Timeout);
                         return Err(LockError::TimedOut {
@@ -224,10 +224,22 @@ fn one_of(parts: &[Arc<LockKeys>]) -> String {
     format!("one of {named}")
 }
 
+/// Releases every unit after the body, all at once: together bounded by one release's
+/// [`RELEASE_TIMEOUT`](crate::connection::RELEASE_TIMEOUT), as a single key's release is.
 async fn release_all(helds: Vec<Held>) {
-    for held in helds {
-        held.release().await;
-    }
+    let mut releases: Vec<Pin<Box<dyn Future<Output = ()> + Send>>> = helds
+        .into_iter()
+        .map(|held| Box::pin(held.release()) as Pin<Box<dyn Future<Output = ()> + Send>>)
+        .collect();
+    poll_fn(|cx| {
+        releases.retain_mut(|release| release.as_mut().poll(cx).is_pending());
+        if releases.is_empty() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
 }
 
 /// Runs `body` while every unit lasts: each part renewed on its own (since its grant), the
@@ -295,11 +307,14 @@ async fn hold_all<F: Future>(
     };
     drop(registrations);
     let lost = helds.remove(index);
-    let mut error = Box::pin(lost.lost(reason)).instrument(span.clone()).await;
+    // The others are given back at the same time as the lost one's best-effort release.
+    let (mut error, ()) = tokio::join!(
+        Box::pin(lost.lost(reason)).instrument(span.clone()),
+        Box::pin(Held::give_back_all(helds)).instrument(span)
+    );
     if let LockError::LockLost { key: named, .. } = &mut error {
         *named = key.to_string();
     }
-    Box::pin(release_all(helds)).instrument(span).await;
     Err(error)
 }
 
