@@ -329,6 +329,28 @@ async fn events_and_metrics_fire() {
             })
             .await;
         assert!(matches!(lost, Err(LockError::LockLost { .. })), "{lost:?}");
+        // a cancelled call (its future dropped mid-body): released in the background, with its
+        // `lock released` event and its hold time, as a body that ends
+        let dropped_ns = format!("{ns}-dropped");
+        let dropped: Locks<str> = client
+            .lock_with(LockOptions::new().namespace(dropped_ns.as_str()))
+            .expect("opts");
+        let cancelled = tokio::time::timeout(
+            Duration::from_millis(150),
+            dropped.with_lock(
+                "cancelled",
+                Duration::from_secs(1),
+                tokio::time::sleep(Duration::from_secs(5)),
+            ),
+        )
+        .await;
+        assert!(cancelled.is_err(), "{cancelled:?}");
+        let dropped_key = LockClient::server_key(&dropped_ns, "cancelled");
+        let since = std::time::Instant::now();
+        while common::raw_exists(&client, &dropped_key).await {
+            assert!(since.elapsed() < Duration::from_secs(2), "never released");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         // hand-off: a waiter on another client (another process) queues, and the release hands
         // it the lock on the server
         let other = LockClient::connect(&harness::shared(kind).url())
@@ -403,7 +425,17 @@ async fn events_and_metrics_fire() {
                 kind.name()
             );
         }
+        assert!(
+            mine.iter()
+                .any(|e| e.contains("lock released") && e.contains("key=cancelled")),
+            "{}: no `lock released` event for the cancelled call among {mine:#?}",
+            kind.name()
+        );
         let snapshot: Vec<Sample> = snapshotter.snapshot().into_vec();
+        for metric in ["sage_lock_releases_total", "sage_lock_hold_seconds"] {
+            let value = counter(&snapshot, metric, &dropped_ns);
+            assert_eq!(value, 1, "{}: {metric} of the cancelled call", kind.name());
+        }
         for (metric, at_least) in [
             ("sage_lock_acquisitions_total", 5),
             ("sage_lock_busy_retries_total", 1),
