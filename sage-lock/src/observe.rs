@@ -51,7 +51,8 @@ pub struct LockStats {
     /// Held locks that were lost: while the body ran (`LockLost`), or found lost by the release
     /// after the body ended (logged at `WARN`: "lock lost before its release").
     pub losses: u64,
-    /// Locks released by their owner.
+    /// Holds removed by this client: released after the body (or its cancellation), and the
+    /// clean-ups that remove a grant the replicas did not acknowledge or a lost hold's key.
     pub releases: u64,
     /// Total time spent waiting for acquisitions, in microseconds.
     pub wait_micros: u64,

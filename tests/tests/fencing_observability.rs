@@ -459,7 +459,7 @@ async fn events_and_metrics_fire() {
         let stats = client.stats();
         assert_eq!(
             (stats.acquisitions, stats.timeouts, stats.losses),
-            (4, 1, 1),
+            (5, 1, 1),
             "{stats:?}"
         );
         assert!(stats.renewals >= 2 && stats.busy_retries >= 1, "{stats:?}");

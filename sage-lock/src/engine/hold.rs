@@ -269,7 +269,20 @@ impl Drop for Held {
     fn drop(&mut self) {
         self.stop_renewal();
         if self.armed {
-            drop(release_in_background(self));
+            let released = release_in_background(self);
+            // A granted hold whose call was cancelled (fencing tokens start at 1): held until
+            // now, released as a body that ends is.
+            if released.is_some() && self.lease.fencing_token() != 0 {
+                let held = self.lease.held_for();
+                self.metrics.held(held);
+                // Outside the call's span (dropped with it): key and namespace as fields.
+                tracing::debug!(
+                    key = %self.keys.display(),
+                    namespace = %self.namespace,
+                    ?held,
+                    "lock released (in the background: the call was cancelled)"
+                );
+            }
         }
     }
 }
