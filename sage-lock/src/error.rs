@@ -399,4 +399,15 @@ mod tests {
             "{tiny}"
         );
     }
+
+    /// A `with_locks` nested in the task's own reentrant hold of one of its keys is refused
+    /// too: the text must not send the user to an option already set (an audit).
+    #[test]
+    fn held_by_this_task_names_with_locks() {
+        let text = TimeoutReason::HeldByThisTask.to_string();
+        assert!(
+            text.contains("with_locks") && text.contains("never"),
+            "{text}"
+        );
+    }
 }
