@@ -179,9 +179,9 @@ impl fmt::Display for TimeoutReason {
             TimeoutReason::HeldByThisTask => f.write_str(
                 "this task already holds it (the call is nested in its body), so waiting could \
                  only time out: locks are not reentrant unless LockOptions::reentrant(true), \
-                 with which a nested call of the same kind runs under the held lock (a read \
-                 nested in the task's write, or a write in its read, never can: take the write \
-                 lock for the whole body)",
+                 with which a nested call of one key and the same kind runs under the held lock \
+                 (a with_locks call never does, nor a read nested in the task's write or a \
+                 write in its read: take all the keys, or the write lock, for the whole body)",
             ),
         }
     }
