@@ -320,4 +320,32 @@ mod tests {
         let text = table(&[("konto:Ärger\"x\"".into(), 1, None, None)]);
         assert!(text.contains("konto:Ärger\"x\""), "{text}");
     }
+
+    #[test]
+    fn odd_keys_and_missing_values() {
+        // `--` ends the options: a key may start with dashes.
+        let cli = parse(&args("show -- --weird --url redis://h:1")).expect("after --");
+        assert_eq!(cli.command, Command::Show("--weird".into()));
+        assert_eq!(cli.url, None);
+        let cli = parse(&args("unlock --url redis://h:1 -- -k")).expect("after --");
+        assert_eq!(cli.command, Command::Unlock("-k".into()));
+        // `--flag=value` takes any value, dashes included.
+        let cli = parse(&args("list --namespace=--odd")).expect("flag=value");
+        assert_eq!(cli.namespace, "--odd");
+        // A flag given where a value belongs is not taken as the value.
+        let error = parse(&args("show k -n --url redis://h:1"))
+            .expect_err("-n without a value")
+            .to_string();
+        assert!(error.contains("-n needs a value"), "{error}");
+        // An empty --by is refused, not replaced by a default name.
+        let error = parse(&[
+            "unlock".to_owned(),
+            "k".to_owned(),
+            "--by".to_owned(),
+            String::new(),
+        ])
+        .expect_err("empty --by")
+        .to_string();
+        assert!(error.contains("--by"), "{error}");
+    }
 }
