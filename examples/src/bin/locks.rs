@@ -27,7 +27,8 @@ const USAGE: &str = "usage: locks <list | show KEY | unlock KEY> [--url URL] [--
   --by         who unlocks and why, logged (unlock only; default: $USER)
   --tls-ca     PEM file of the CA that signed the server's certificate (rediss:// URLs)
   --tls-cert   PEM file of a client certificate, for a server that asks for one (with --tls-key)
-  --tls-key    PEM file of that certificate's private key";
+  --tls-key    PEM file of that certificate's private key
+  --           ends the options: a KEY after it may start with a dash (or write --flag=VALUE)";
 
 /// What to do.
 #[derive(Debug, PartialEq, Eq)]
@@ -57,7 +58,17 @@ fn parse(args: &[String]) -> anyhow::Result<Cli> {
     let (mut tls_cert, mut tls_key) = (None, None);
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
-        let slot = match arg.as_str() {
+        if arg == "--" {
+            // The end of the options: the rest are positional (a key may start with dashes).
+            positional.extend(iter.by_ref().cloned());
+            break;
+        }
+        // `--flag=value` takes any value, dashes included.
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => (flag, Some(value)),
+            _ => (arg.as_str(), None),
+        };
+        let slot = match flag {
             "--url" => &mut url,
             "--namespace" | "-n" => &mut namespace,
             "--by" => &mut by,
@@ -80,10 +91,24 @@ fn parse(args: &[String]) -> anyhow::Result<Cli> {
                 continue;
             }
         };
-        let value = iter
-            .next()
-            .with_context(|| format!("{arg} needs a value\n{USAGE}"))?;
-        *slot = Some(value.clone());
+        let value = match inline {
+            Some(value) => value,
+            None => iter
+                .next()
+                // Another option is no value: `-n --url U` misses the namespace.
+                .filter(|value| !value.starts_with('-') || value.len() == 1)
+                .with_context(|| {
+                    format!(
+                        "{flag} needs a value (write {flag}=VALUE for one starting with -)\n{USAGE}"
+                    )
+                })?,
+        };
+        *slot = Some(value.to_owned());
+    }
+    if by.as_deref().is_some_and(|by| by.trim().is_empty()) {
+        bail!(
+            "--by is empty: give who unlocks and why, e.g. --by \"alice, incident 1234\"\n{USAGE}"
+        );
     }
     let command = match positional.as_slice() {
         [list] if list == "list" => Command::List,
@@ -324,9 +349,9 @@ mod tests {
     #[test]
     fn odd_keys_and_missing_values() {
         // `--` ends the options: a key may start with dashes.
-        let cli = parse(&args("show -- --weird --url redis://h:1")).expect("after --");
+        let cli = parse(&args("show -- --weird")).expect("after --");
         assert_eq!(cli.command, Command::Show("--weird".into()));
-        assert_eq!(cli.url, None);
+        assert!(parse(&args("show -- --weird --url redis://h:1")).is_err());
         let cli = parse(&args("unlock --url redis://h:1 -- -k")).expect("after --");
         assert_eq!(cli.command, Command::Unlock("-k".into()));
         // `--flag=value` takes any value, dashes included.
