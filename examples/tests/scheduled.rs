@@ -69,3 +69,28 @@ fn three_instances_run_once_per_tick() {
         }
     }
 }
+
+/// An interval or minimum hold out of range is refused once, by the parent, before any server or
+/// instance starts (before, each of the three instances printed the library's error).
+#[test]
+fn out_of_range_durations_are_refused_once() {
+    for (flag, value) in [
+        ("--interval-ms", "18446744073709551615"),
+        ("--hold-ms", "18446744073709551615"),
+        ("--interval-ms", "100"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_scheduled"))
+            .args([flag, value])
+            .output()
+            .expect("run scheduled");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} {value}: {stderr}");
+        assert_eq!(
+            stderr.matches("error:").count(),
+            1,
+            "{flag} {value}: {stderr}"
+        );
+        assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
+        assert!(out.stdout.is_empty(), "{flag} {value}: started anyway");
+    }
+}
