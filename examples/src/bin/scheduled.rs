@@ -52,7 +52,13 @@ impl Schedule {
         if interval < Duration::from_millis(200) {
             bail!("--interval-ms must be at least 200");
         }
+        if interval > Duration::from_secs(86_400) {
+            bail!("--interval-ms must be at most 86400000 (a day): the demo waits for its ticks");
+        }
         let hold_at_least = flag_value("--hold-ms")?.map_or(interval / 2, Duration::from_millis);
+        if hold_at_least > Duration::from_secs(365 * 86_400) {
+            bail!("--hold-ms must be at most 31536000000 (one year, the longest minimum hold)");
+        }
         Ok(Schedule {
             start_ms: flag_value("--start-ms")?.unwrap_or(start_ms),
             interval,
