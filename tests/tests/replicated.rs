@@ -1001,3 +1001,31 @@ async fn a_last_attempt_to_a_stalled_primary_ends_at_the_deadline() {
         waiter.quit().await;
     }
 }
+
+/// A plain URL at a primary that has replicas, without `replicated(true)`: the client treats
+/// it as a single server (no `WAIT`), which a failover can make lose a granted lock, so connect
+/// says so once, at `WARN`, with the fix; with `replicated(true)` it does not (an audit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_with_replicas_behind_a_plain_url_is_warned_about() {
+    use tracing::instrument::WithSubscriber as _;
+    for kind in ServerKind::ALL {
+        let setup = harness::shared_replicated(kind);
+        for replicated in [false, true] {
+            let captured = harness::Captured::default();
+            let client = LockClient::builder()
+                .url(&setup.primary_url())
+                .replicated(replicated)
+                .connect()
+                .with_subscriber(captured.warn_subscriber())
+                .await
+                .expect("connect");
+            let logged = captured.text();
+            let warned = logged.contains("replicas") && logged.contains("replicated(true)");
+            assert_eq!(
+                warned, !replicated,
+                "{kind} replicated({replicated}): {logged:?}"
+            );
+            client.quit().await;
+        }
+    }
+}
