@@ -480,8 +480,13 @@ impl LockClientBuilder {
             ));
         }
         if deployment != Deployment::Cluster
-            && let Ok(Some(problem)) =
-                crate::connection::wrong_node_problem(&fred, &target, self.command_timeout).await
+            && let Ok(Some(problem)) = crate::connection::wrong_node_problem(
+                &fred,
+                &target,
+                deployment.is_replicated(),
+                self.command_timeout,
+            )
+            .await
         {
             let _ = tokio::time::timeout(Duration::from_secs(1), fred.quit()).await;
             if let Some(task) = task {

@@ -129,7 +129,9 @@ impl Connection {
     /// Why no lock can be taken on the node this client reaches, if that is so: asked once,
     /// on the first call, for a client that did not check at connect; otherwise `None` at once.
     pub(crate) async fn node_refusal(&self) -> Option<String> {
-        self.node_check.refusal(self.fred()).await
+        self.node_check
+            .refusal(self.fred(), self.deployment.is_replicated())
+            .await
     }
 }
 

@@ -27,21 +27,25 @@ impl NodeCheck {
 
     /// Why no lock can be taken through `fred` (a cluster node, a Sentinel, a replica given
     /// directly), or `None`. After the first answer, an atomic load.
-    pub(crate) async fn refusal(&self, fred: &Client) -> Option<String> {
+    pub(crate) async fn refusal(&self, fred: &Client, replicated: bool) -> Option<String> {
         let cell = self.0.as_ref()?;
         if let Some(known) = cell.get() {
             return known.clone();
         }
         // Boxed: asked once, and kept out of every lock call's future.
-        Box::pin(Self::ask(cell, fred)).await
+        Box::pin(Self::ask(cell, fred, replicated)).await
     }
 
     /// Asks the node, unless a concurrent first call already did; an unanswered question is
     /// not remembered.
-    async fn ask(cell: &tokio::sync::OnceCell<Option<String>>, fred: &Client) -> Option<String> {
+    async fn ask(
+        cell: &tokio::sync::OnceCell<Option<String>>,
+        fred: &Client,
+        replicated: bool,
+    ) -> Option<String> {
         let outcome = cell
             .get_or_try_init(|| async {
-                wrong_node_problem(fred, "the fred client's server", CHECK_TIMEOUT)
+                wrong_node_problem(fred, "the fred client's server", replicated, CHECK_TIMEOUT)
                     .await
                     .map(|problem| {
                         problem.map(|problem| {
@@ -64,10 +68,13 @@ pub(crate) struct Unanswered;
 /// the primary one Sentinel named), if that is so: a cluster node (as a standalone client it
 /// would reach only that node's slots, `MOVED` for every other key, and scan one node), a
 /// Sentinel (it runs no scripts) and, given directly, a replica (`READONLY` for every write).
-/// A server that refuses `INFO` (an ACL without it) is let through.
+/// A server that refuses `INFO` (an ACL without it) is let through. A primary with replicas
+/// that the client does not treat as `replicated` is let through with a warning: its locks do
+/// not wait for replica acknowledgement.
 pub(crate) async fn wrong_node_problem(
     client: &Client,
     target: &str,
+    replicated: bool,
     timeout: Duration,
 ) -> Result<Option<String>, Unanswered> {
     use fred::interfaces::ClientLike as _;
@@ -104,6 +111,17 @@ pub(crate) async fn wrong_node_problem(
              through Sentinel (redis-sentinel://) to follow failovers"
         )
     } else {
+        let replicas = field("connected_slaves").and_then(|n| n.parse::<u64>().ok());
+        if !replicated && let Some(replicas @ 1..) = replicas {
+            tracing::warn!(
+                replicas,
+                "{target} is a primary with {replicas} replicas, but this client treats it as a \
+                 single server: no lock waits for replica acknowledgement (WAIT), so a failover \
+                 can lose a granted lock; declare the deployment with \
+                 LockClient::builder().replicated(true), or connect through Sentinel \
+                 (redis-sentinel://)"
+            );
+        }
         return Ok(None);
     };
     Ok(Some(problem))
