@@ -26,6 +26,7 @@ namespace = "profile-accounts"
 lease = "1m"
 wait = "5s"
 replica_ack = false
+reentrant = true
 
 [lock_profiles.no-wait]
 namespace = "profile-no-wait"
@@ -100,6 +101,36 @@ async fn report_quickly(day: u32) -> Result<Seen, AppError> {
 }
 
 /// No namespace in the profile: the service default applies. `try_lock` needs no wait.
+/// The profile is reentrant: a nested call for the held report runs at once, unless its
+/// attribute turns reentrancy off (the attribute wins over the profile).
+#[locked(profile = "reports", key = "report:{day}", wait = "200ms")]
+async fn report_nested(day: u32) -> Result<(bool, bool), AppError> {
+    let reentered = report_reentered(day).await.is_ok();
+    let refused = matches!(
+        report_strict(day).await,
+        Err(AppError::Lock(LockError::TimedOut {
+            reason: TimeoutReason::HeldByThisTask,
+            ..
+        }))
+    );
+    Ok((reentered, refused))
+}
+
+#[locked(profile = "reports", key = "report:{day}", wait = "200ms")]
+async fn report_reentered(day: u32) -> Result<(), AppError> {
+    Ok(())
+}
+
+#[locked(
+    profile = "reports",
+    key = "report:{day}",
+    wait = "200ms",
+    reentrant = false
+)]
+async fn report_strict(day: u32) -> Result<(), AppError> {
+    Ok(())
+}
+
 #[locked(profile = "reports", key = "report:{day}", try_lock)]
 async fn report_if_free(day: u32) -> Result<Option<Seen>, AppError> {
     let _ = day;
@@ -168,6 +199,9 @@ async fn from_toml() {
     let (namespace, remaining) = report_if_free(1).await.expect("try").expect("free");
     assert_eq!(namespace, "profile-defaults");
     assert!(remaining > Duration::from_secs(50), "{remaining:?}");
+
+    // The profile's reentrancy, and the attribute's `reentrant = false` winning over it.
+    assert_eq!(report_nested(9).await.expect("outer call"), (true, true));
 
     // The profile's wait (300 ms) applies while the lock is held by hand.
     let hand: Locks<String> = client
