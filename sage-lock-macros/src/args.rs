@@ -56,8 +56,9 @@ pub(crate) struct Args {
     pub(crate) krate: Option<syn::Path>,
     /// `hold_at_least = "30s"` (zero allowed: off).
     pub(crate) hold_at_least: Option<DurationArg>,
-    /// `reentrant` (a flag without a value), with the flag's span.
-    pub(crate) reentrant: Option<Span>,
+    /// `reentrant` (alone, or `= true` / `= false`: off wins over a reentrant profile), with
+    /// the argument's span.
+    pub(crate) reentrant: Option<(bool, Span)>,
     /// `mode = "read" | "write"`: a read-write lock.
     pub(crate) mode: Option<(crate::modes::RwMode, Span)>,
     /// `permits = N`: a semaphore with N permits (N >= 1).
@@ -198,14 +199,7 @@ pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
                     );
                 }
             }
-            "reentrant" => match arg.value {
-                None => args.reentrant = Some(span),
-                Some(value) => errors.spanned(
-                    value,
-                    "`reentrant` is a flag and takes no value: write `reentrant` alone to make \
-                     the lock reentrant, or remove it (locks are not reentrant by default)",
-                ),
-            },
+            "reentrant" => args.reentrant = flag_arg(&name, span, arg.value, errors),
             "replica_ack" => args.replica_ack = flag_arg(&name, span, arg.value, errors),
             "try_lock" => {
                 // An invalid value still shows the intent not to wait: no "missing `wait`".

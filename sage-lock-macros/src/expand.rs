@@ -254,8 +254,9 @@ fn generated(
         let millis = hold_at_least.millis;
         setters.extend(quote!(.hold_at_least(::core::time::Duration::from_millis(#millis))));
     }
-    if args.reentrant.is_some() {
-        setters.extend(quote!(.reentrant(true)));
+    if let Some((on, span)) = args.reentrant {
+        let on = syn::LitBool::new(on, span);
+        setters.extend(quote!(.reentrant(#on)));
     }
     let shape_statement = shape_statement(args, ret, ret_span);
     let many = matches!(args.key, Some(KeyArg::Many(_)));

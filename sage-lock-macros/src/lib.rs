@@ -51,7 +51,7 @@ use proc_macro::TokenStream;
 /// | `namespace` | non-empty string | service default (`"lock"`) |
 /// | `replica_ack` | `true` / `false` (alone: `true`) | service default (`true`) |
 /// | `hold_at_least` | minimum hold from acquisition, e.g. `"30s"`: a body that ends sooner leaves the key held until then (scheduled jobs, with `try_lock`); `"0s"` is off; at most one year | off |
-/// | `reentrant` | flag (no value): a call for a key the current task already holds runs at once under the held lease; one key only (not with `key = [..]`) | off (a nested call waits) |
+/// | `reentrant` | `true` / `false` (alone: `true`): a call for a key the current task already holds runs at once under the held lease; one key only (not with `key = [..]`); `false` turns off a profile's | service default / profile (off: a nested call waits) |
 /// | `client` | an expression giving a `LockClient`, `&LockClient` or `Arc<LockClient>`, e.g. `self.locks` | the global client (`sage_lock::global`) |
 /// | `crate` | path to the sage-lock crate, for re-exports | `::sage_lock` |
 ///

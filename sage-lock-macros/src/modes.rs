@@ -56,7 +56,7 @@ pub(crate) fn check(args: &Args, errors: &mut Errors) {
         }
         // The runtime's `with_locks` ignores `reentrant` (it always takes its keys), so the flag
         // would be silently without effect.
-        if let Some(span) = args.reentrant {
+        if let Some((true, span)) = args.reentrant {
             errors.at(
                 span,
                 "`reentrant` works with one key: `key = [..]` always takes all of its keys, so a \

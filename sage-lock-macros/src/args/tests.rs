@@ -90,8 +90,11 @@ fn reports_problems_with_fixes() {
     let all = messages(quote!(key = id, settings = "p"));
     assert!(all[0].contains("did you mean `profile`?"), "{all:?}");
     assert!(messages(quote!(key = id, profile = "account-updates.v2")).is_empty());
-    let all = messages(quote!(key = id, try_lock, reentrant = true));
-    assert!(all[0].contains("takes no value"), "{all:?}");
+    assert!(messages(quote!(key = id, try_lock, reentrant = true)).is_empty());
+    assert!(messages(quote!(key = id, try_lock, reentrant = false)).is_empty());
+    assert!(messages(quote!(key = [a, b], try_lock, reentrant = false)).is_empty());
+    let all = messages(quote!(key = id, try_lock, reentrant = "yes"));
+    assert!(all[0].contains("`reentrant = true` or `reentrant = false`"), "{all:?}");
     let all = messages(quote!(key = id, try_lock, reentrant, reentrant));
     assert!(all[0].contains("duplicate `reentrant`"), "{all:?}");
     let all = messages(quote!(key = id, try_lock, hold_at_least = 30));
