@@ -94,7 +94,10 @@ fn reports_problems_with_fixes() {
     assert!(messages(quote!(key = id, try_lock, reentrant = false)).is_empty());
     assert!(messages(quote!(key = [a, b], try_lock, reentrant = false)).is_empty());
     let all = messages(quote!(key = id, try_lock, reentrant = "yes"));
-    assert!(all[0].contains("`reentrant = true` or `reentrant = false`"), "{all:?}");
+    assert!(
+        all[0].contains("`reentrant = true` or `reentrant = false`"),
+        "{all:?}"
+    );
     let all = messages(quote!(key = id, try_lock, reentrant, reentrant));
     assert!(all[0].contains("duplicate `reentrant`"), "{all:?}");
     let all = messages(quote!(key = id, try_lock, hold_at_least = 30));
