@@ -307,7 +307,13 @@ mod tests {
                 "profile namespace {blank:?}"
             );
         }
-        assert!(validate_namespace(" padded ").is_ok());
+        // Padding makes another namespace than the peers' unpadded one: no exclusion between
+        // them, silently (an audit: TOML kept it, the environment trimmed it).
+        for padded in [" accounts ", "accounts\n", "\taccounts"] {
+            let error = validate_namespace(padded).expect_err(padded).to_string();
+            assert!(error.contains("whitespace") && error.contains("\"accounts\""), "{error}");
+        }
+        assert!(validate_namespace("account updates").is_ok());
     }
 
     #[test]
