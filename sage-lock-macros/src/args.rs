@@ -378,6 +378,17 @@ fn namespace_arg(span: Span, value: Option<Expr>, errors: &mut Errors) -> Option
             );
             None
         }
+        Some(Lit::Str(text)) if text.value().trim() != text.value() => {
+            errors.at(
+                text.span(),
+                format!(
+                    "`namespace` has leading or trailing whitespace, so its locks would not \
+                     exclude those of {trimmed:?}: write `namespace = {trimmed:?}`",
+                    trimmed = text.value().trim()
+                ),
+            );
+            None
+        }
         Some(Lit::Str(text)) => Some(text.clone()),
         _ => {
             errors.spanned(

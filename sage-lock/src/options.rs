@@ -189,10 +189,21 @@ pub(crate) fn validate_hold_at_least(hold_at_least: Duration) -> Result<(), Lock
 }
 
 pub(crate) fn validate_namespace(namespace: &str) -> Result<(), LockError> {
-    if namespace.trim().is_empty() {
+    let trimmed = namespace.trim();
+    if trimmed.is_empty() {
         return Err(LockError::invalid(
             "namespace",
             "must not be empty or blank; use a name per kind of resource, e.g. \"account-updates\" (the default is \"lock\")",
+        ));
+    }
+    if trimmed != namespace {
+        // Another namespace than its unpadded peers': no exclusion between them.
+        return Err(LockError::invalid(
+            "namespace",
+            format!(
+                "{namespace:?} has leading or trailing whitespace, so its locks would not \
+                 exclude those of {trimmed:?}; write {trimmed:?}"
+            ),
         ));
     }
     Ok(())
@@ -311,7 +322,10 @@ mod tests {
         // them, silently (an audit: TOML kept it, the environment trimmed it).
         for padded in [" accounts ", "accounts\n", "\taccounts"] {
             let error = validate_namespace(padded).expect_err(padded).to_string();
-            assert!(error.contains("whitespace") && error.contains("\"accounts\""), "{error}");
+            assert!(
+                error.contains("whitespace") && error.contains("\"accounts\""),
+                "{error}"
+            );
         }
         assert!(validate_namespace("account updates").is_ok());
     }

@@ -90,6 +90,8 @@ fn reports_problems_with_fixes() {
     let all = messages(quote!(key = id, settings = "p"));
     assert!(all[0].contains("did you mean `profile`?"), "{all:?}");
     assert!(messages(quote!(key = id, profile = "account-updates.v2")).is_empty());
+    let all = messages(quote!(key = id, try_lock, namespace = " accounts "));
+    assert!(all[0].contains("`namespace = \"accounts\"`"), "{all:?}");
     assert!(messages(quote!(key = id, try_lock, reentrant = true)).is_empty());
     assert!(messages(quote!(key = id, try_lock, reentrant = false)).is_empty());
     assert!(messages(quote!(key = [a, b], try_lock, reentrant = false)).is_empty());
