@@ -163,14 +163,18 @@ pub(crate) fn validate_lease(lease: Duration) -> Result<(), LockError> {
         return Err(LockError::invalid(
             "lease",
             format!(
-                "must be at least 30ms, got {lease:?}; choose one comfortably longer than network latency and process pauses, e.g. Duration::from_secs(10)"
+                "must be at least 30ms, got {}; choose one comfortably longer than network latency and process pauses, e.g. 10 s (Duration::from_secs(10), or \"10s\" in a configuration)",
+                crate::error::rounded(lease)
             ),
         ));
     }
     if lease > MAX_DURATION {
         return Err(LockError::invalid(
             "lease",
-            format!("must be at most one year, got {lease:?}"),
+            format!(
+                "must be at most one year, got {}",
+                crate::error::rounded(lease)
+            ),
         ));
     }
     Ok(())
@@ -181,7 +185,8 @@ pub(crate) fn validate_hold_at_least(hold_at_least: Duration) -> Result<(), Lock
         return Err(LockError::invalid(
             "hold_at_least",
             format!(
-                "must be at most one year, got {hold_at_least:?}; use the interval of the scheduled job, e.g. Duration::from_secs(30)"
+                "must be at most one year, got {}; use the interval of the scheduled job, e.g. 30 s (Duration::from_secs(30), or \"30s\" in a configuration)",
+                crate::error::rounded(hold_at_least)
             ),
         ));
     }
@@ -328,6 +333,26 @@ mod tests {
             );
         }
         assert!(validate_namespace("account updates").is_ok());
+    }
+
+    /// The texts read as well in a configuration file as in code (an audit: they showed
+    /// nanoseconds and offered only Rust).
+    #[test]
+    fn duration_errors_round_and_name_both_spellings() {
+        let short = validate_lease(Duration::from_nanos(12_345_678))
+            .expect_err("too short")
+            .to_string();
+        assert!(
+            short.contains("got 12ms") && short.contains("\"10s\""),
+            "{short}"
+        );
+        let long = validate_hold_at_least(Duration::from_secs(400 * 86_400))
+            .expect_err("too long")
+            .to_string();
+        assert!(
+            long.contains("got 34560000s") && long.contains("\"30s\""),
+            "{long}"
+        );
     }
 
     #[test]
