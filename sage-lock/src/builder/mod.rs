@@ -479,8 +479,9 @@ impl LockClientBuilder {
                 error,
             ));
         }
+        let mut delifeq = None;
         if deployment != Deployment::Cluster
-            && let Ok(Some(problem)) = crate::connection::wrong_node_problem(
+            && let Ok(report) = crate::connection::wrong_node_problem(
                 &fred,
                 &target,
                 deployment.is_replicated(),
@@ -488,13 +489,16 @@ impl LockClientBuilder {
             )
             .await
         {
-            let _ = tokio::time::timeout(Duration::from_secs(1), fred.quit()).await;
-            if let Some(task) = task {
-                task.abort();
+            if let Some(problem) = report.problem {
+                let _ = tokio::time::timeout(Duration::from_secs(1), fred.quit()).await;
+                if let Some(task) = task {
+                    task.abort();
+                }
+                return Err(LockError::invalid("url", problem));
             }
-            return Err(LockError::invalid("url", problem));
+            delifeq = report.delifeq;
         }
-        Ok(LockClient::from_parts(
+        let client = LockClient::from_parts(
             fred,
             Startup::Started(task),
             deployment,
@@ -502,6 +506,11 @@ impl LockClientBuilder {
             self.command_timeout,
             self.renewal_batch_limit,
             true,
-        ))
+        );
+        if let Some(present) = delifeq {
+            // Read with the node check: the first releases need not ask.
+            client.inner.conn.learn_delifeq(present);
+        }
+        Ok(client)
     }
 }

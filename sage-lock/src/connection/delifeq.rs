@@ -79,6 +79,23 @@ impl Connection {
         }
     }
 
+    /// Records what an `INFO` read for another purpose (the node check at connect) says about
+    /// `DELIFEQ`, unless a release already asked: the first releases then need not ask.
+    pub(crate) fn learn_delifeq(&self, present: bool) {
+        use std::sync::atomic::Ordering;
+        let state = if present {
+            DELIFEQ_PRESENT
+        } else {
+            DELIFEQ_ABSENT
+        };
+        let _ = self.delifeq.compare_exchange(
+            DELIFEQ_UNKNOWN,
+            state,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
     /// Whether this client sends `DELIFEQ`: Valkey 9 has it (Redis 7 has not), asked through
     /// `INFO server`, which every deployment allows, by one release at a time (the others use
     /// the script meanwhile). A refusal counts as absent for good: the script always works. An
@@ -139,7 +156,7 @@ impl Drop for Asking<'_> {
 }
 
 /// Whether `INFO server` text comes from a server with `DELIFEQ` (Valkey 9 or later).
-fn has_delifeq(info: &str) -> bool {
+pub(super) fn has_delifeq(info: &str) -> bool {
     info.lines()
         .find_map(|line| line.trim().strip_prefix("valkey_version:"))
         .and_then(|version| version.split('.').next()?.parse::<u32>().ok())

@@ -130,7 +130,9 @@ impl Connection {
     /// on the first call, for a client that did not check at connect; otherwise `None` at once.
     pub(crate) async fn node_refusal(&self) -> Option<String> {
         self.node_check
-            .refusal(self.fred(), self.deployment.is_replicated())
+            .refusal(self.fred(), self.deployment.is_replicated(), &|present| {
+                self.learn_delifeq(present);
+            })
             .await
     }
 }

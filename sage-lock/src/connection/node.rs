@@ -26,14 +26,20 @@ impl NodeCheck {
     }
 
     /// Why no lock can be taken through `fred` (a cluster node, a Sentinel, a replica given
-    /// directly), or `None`. After the first answer, an atomic load.
-    pub(crate) async fn refusal(&self, fred: &Client, replicated: bool) -> Option<String> {
+    /// directly), or `None`; what the answer says about `DELIFEQ` goes to `delifeq`. After the
+    /// first answer, an atomic load.
+    pub(crate) async fn refusal(
+        &self,
+        fred: &Client,
+        replicated: bool,
+        delifeq: &(dyn Fn(bool) + Sync),
+    ) -> Option<String> {
         let cell = self.0.as_ref()?;
         if let Some(known) = cell.get() {
             return known.clone();
         }
         // Boxed: asked once, and kept out of every lock call's future.
-        Box::pin(Self::ask(cell, fred, replicated)).await
+        Box::pin(Self::ask(cell, fred, replicated, delifeq)).await
     }
 
     /// Asks the node, unless a concurrent first call already did; an unanswered question is
@@ -42,13 +48,17 @@ impl NodeCheck {
         cell: &tokio::sync::OnceCell<Option<String>>,
         fred: &Client,
         replicated: bool,
+        delifeq: &(dyn Fn(bool) + Sync),
     ) -> Option<String> {
         let outcome = cell
             .get_or_try_init(|| async {
                 wrong_node_problem(fred, "the fred client's server", replicated, CHECK_TIMEOUT)
                     .await
-                    .map(|problem| {
-                        problem.map(|problem| {
+                    .map(|report| {
+                        if let Some(present) = report.delifeq {
+                            delifeq(present);
+                        }
+                        report.problem.map(|problem| {
                             format!(
                                 "{problem} (for LockClient::from_fred: build the fred client \
                                  from that URL, or give it a ServerConfig of that kind)"
@@ -64,6 +74,14 @@ impl NodeCheck {
 /// The server did not answer `INFO` in time, or could not be reached.
 pub(crate) struct Unanswered;
 
+/// What the node check's `INFO` said.
+pub(crate) struct NodeReport {
+    /// Why no lock can be taken there, if that is so.
+    pub(crate) problem: Option<String>,
+    /// Whether the server has `DELIFEQ` (`None`: `INFO` refused by an ACL).
+    pub(crate) delifeq: Option<bool>,
+}
+
 /// Why no lock can be taken on the node `client` reaches through a plain configuration (or
 /// the primary one Sentinel named), if that is so: a cluster node (as a standalone client it
 /// would reach only that node's slots, `MOVED` for every other key, and scan one node), a
@@ -76,14 +94,20 @@ pub(crate) async fn wrong_node_problem(
     target: &str,
     replicated: bool,
     timeout: Duration,
-) -> Result<Option<String>, Unanswered> {
+) -> Result<NodeReport, Unanswered> {
     use fred::interfaces::ClientLike as _;
     let info = match tokio::time::timeout(timeout, client.info::<String>(None)).await {
         Ok(Ok(info)) => info,
         // An ACL without `INFO`: answered, and nothing to learn.
-        Ok(Err(error)) if error.details().contains("NOPERM") => return Ok(None),
+        Ok(Err(error)) if error.details().contains("NOPERM") => {
+            return Ok(NodeReport {
+                problem: None,
+                delifeq: None,
+            });
+        }
         _ => return Err(Unanswered),
     };
+    let delifeq = Some(super::delifeq::has_delifeq(&info));
     let field = |name: &str| {
         info.lines()
             .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
@@ -122,7 +146,13 @@ pub(crate) async fn wrong_node_problem(
                  (redis-sentinel://)"
             );
         }
-        return Ok(None);
+        return Ok(NodeReport {
+            problem: None,
+            delifeq,
+        });
     };
-    Ok(Some(problem))
+    Ok(NodeReport {
+        problem: Some(problem),
+        delifeq,
+    })
 }
