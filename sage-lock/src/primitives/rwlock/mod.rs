@@ -12,7 +12,9 @@
 //! waiter, writer or reader, queued before it; a reader when no writer holds the lock and no
 //! live writer queued before it, so all the readers queued before the next writer enter
 //! together. Neither a stream of readers nor a stream of writers can starve the other kind, and
-//! a waiter that dies blocks those behind it for at most [`WRITER_INTENT`]. Every grant (readers
+//! a waiter that dies blocks those behind it for at most [`WRITER_INTENT`] while it is queued,
+//! or, when a release has already handed it the lock, until that hand-off lease (at most 2 s)
+//! ends. Every grant (readers
 //! and writers) increments the fencing counter `{ns:k}:fence`. While a waiter is queued, a
 //! release that lets the next writer in, or the readers queued before the next writer, hands the
 //! lock to them on the server (each for the hand-off lease, with a new fencing token; at most 32

@@ -34,7 +34,8 @@ const READER_DUES: &str = ":rd";
 /// (never past the end of its wait): while it lasts, later writers and later readers wait behind
 /// a writer, and later writers behind a reader. Its attempts come at most 250 ms apart, so a
 /// live waiter keeps its place; a dead one holds up those behind it this long after its last
-/// attempt at most.
+/// attempt at most while queued (once a release has handed it the lock, until that hand-off
+/// lease ends).
 pub const WRITER_INTENT: Duration = Duration::from_secs(1);
 
 /// Read acquire. `KEYS`: readers, fence, writer, writer queue, writer places, reader queue,
