@@ -58,16 +58,8 @@ async fn a_plain_fred_client_at_a_cluster_node_is_refused() {
     for kind in ServerKind::ALL {
         let cluster = harness::shared_cluster(kind);
         let port = cluster.nodes[0].port();
-        let config =
-            sage_lock::fred::prelude::Config::from_url(&format!("redis://127.0.0.1:{port}"))
-                .expect("config");
-        let fred = sage_lock::fred::prelude::Builder::from_config(config)
-            .build()
-            .expect("fred client");
-        let client = LockClient::from_fred(fred);
-        let locks: Locks<str> = client
-            .lock_with(LockOptions::new().namespace("plain-fred-at-node"))
-            .expect("locks");
+        let (client, locks) =
+            common::plain_fred_locks(&format!("redis://127.0.0.1:{port}"), "plain-fred-at-node");
         for key in (0..6).map(|i| format!("key-{i}")) {
             let started = Instant::now();
             let result = locks

@@ -593,6 +593,38 @@ async fn fencing_regression_is_detected() {
     }
 }
 
+/// A client of the shared Redis server and options of a fresh namespace named after `prefix`.
+async fn fencing_client(prefix: &str, lease: Duration) -> (LockClient, LockOptions) {
+    let client = LockClient::connect(&harness::shared(ServerKind::Redis).url())
+        .await
+        .expect("connect");
+    let namespace = format!("{prefix}-{}", rand::random::<u32>());
+    let options = LockOptions::new()
+        .namespace(namespace.as_str())
+        .lease(lease);
+    (client, options)
+}
+
+/// Joins `tasks` (each returns its rounds), then asserts they held often enough to tell and that
+/// `client` counted no fencing regression.
+async fn assert_no_fencing_regression(
+    client: LockClient,
+    tasks: Vec<tokio::task::JoinHandle<u32>>,
+) {
+    let mut rounds = 0;
+    for task in tasks {
+        rounds += task.await.expect("task");
+    }
+    let stats = client.stats();
+    println!(
+        "{rounds} holds, {} fencing regressions counted",
+        stats.fence_regressions
+    );
+    assert!(rounds > 100, "too few holds to tell: {rounds}");
+    assert_eq!(stats.fence_regressions, 0, "false fencing regressions");
+    client.quit().await;
+}
+
 /// Holders that share (a 3-permit semaphore's, the read-write lock's readers) get their grants
 /// in whatever order their replies come, so a lower token after a higher one is no sign of a
 /// lost counter: six tasks of one client taking turns on them for 2 s count no fencing
@@ -601,17 +633,11 @@ async fn fencing_regression_is_detected() {
 /// permits and 3,365 in 24,419 reads, each warning of eviction, FLUSHALL or a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_holders_raise_no_false_fencing_regression() {
-    let kind = ServerKind::Redis;
-    let client = LockClient::connect(&harness::shared(kind).url())
-        .await
-        .expect("connect");
-    let options = || {
-        LockOptions::new()
-            .namespace(format!("fence-shared-{}", rand::random::<u32>()).as_str())
-            .lease(Duration::from_secs(1))
-    };
-    let permits = client.semaphore_with::<str>(3, options()).expect("options");
-    let rw = client.rw_lock_with::<str>(options()).expect("options");
+    let (client, options) = fencing_client("fence-shared", Duration::from_secs(1)).await;
+    let permits = client
+        .semaphore_with::<str>(3, options.clone())
+        .expect("options");
+    let rw = client.rw_lock_with::<str>(options).expect("options");
     let until = Instant::now() + Duration::from_secs(2);
     let tasks: Vec<_> = (0..6)
         .map(|task: u32| {
@@ -637,18 +663,7 @@ async fn shared_holders_raise_no_false_fencing_regression() {
             })
         })
         .collect();
-    let mut rounds = 0;
-    for task in tasks {
-        rounds += task.await.expect("task");
-    }
-    let stats = client.stats();
-    println!(
-        "{rounds} holds, {} fencing regressions counted",
-        stats.fence_regressions
-    );
-    assert!(rounds > 100, "too few holds to tell: {rounds}");
-    assert_eq!(stats.fence_regressions, 0, "false fencing regressions");
-    client.quit().await;
+    assert_no_fencing_regression(client, tasks).await;
 }
 
 /// The mutex, the read-write lock's writer and a one-permit semaphore of one name share the
@@ -658,16 +673,7 @@ async fn shared_holders_raise_no_false_fencing_regression() {
 /// in 12,854 holds, each warning of eviction, FLUSHALL or a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusive_primitives_of_one_name_raise_no_false_fencing_regression() {
-    let kind = ServerKind::Redis;
-    let client = LockClient::connect(&harness::shared(kind).url())
-        .await
-        .expect("connect");
-    let options = || {
-        LockOptions::new()
-            .namespace(format!("fence-kinds-{}", rand::random::<u32>()).as_str())
-            .lease(Duration::from_secs(2))
-    };
-    let namespace = options();
+    let (client, namespace) = fencing_client("fence-kinds", Duration::from_secs(2)).await;
     let mutex = client.lock_with::<str>(namespace.clone()).expect("options");
     let rw = client
         .rw_lock_with::<str>(namespace.clone())
@@ -693,18 +699,7 @@ async fn exclusive_primitives_of_one_name_raise_no_false_fencing_regression() {
             })
         })
         .collect();
-    let mut rounds = 0;
-    for task in tasks {
-        rounds += task.await.expect("task");
-    }
-    let stats = client.stats();
-    println!(
-        "{rounds} holds, {} fencing regressions counted",
-        stats.fence_regressions
-    );
-    assert!(rounds > 100, "too few holds to tell: {rounds}");
-    assert_eq!(stats.fence_regressions, 0, "false fencing regressions");
-    client.quit().await;
+    assert_no_fencing_regression(client, tasks).await;
 }
 
 /// 13. Nested tuple keys never collide with flat ones.

@@ -917,14 +917,7 @@ async fn a_replica_behind_a_plain_url_is_refused() {
         }
         // The same replica in a fred client's plain configuration, given to `from_fred`: its
         // lock and operator calls are refused at once with the same advice.
-        let config = sage_lock::fred::prelude::Config::from_url(&replica.url()).expect("config");
-        let fred = sage_lock::fred::prelude::Builder::from_config(config)
-            .build()
-            .expect("fred client");
-        let client = LockClient::from_fred(fred);
-        let locks: Locks<str> = client
-            .lock_with(LockOptions::new().namespace("fred-at-replica"))
-            .expect("locks");
+        let (client, locks) = common::plain_fred_locks(&replica.url(), "fred-at-replica");
         let started = Instant::now();
         let locked = locks.with_lock("k", Duration::from_secs(3), async {}).await;
         let scanned = locks.scan().await;

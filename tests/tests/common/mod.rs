@@ -156,6 +156,20 @@ impl Target {
 }
 
 /// Sets `key` to `value` from outside (a raw command through the client's fred connection).
+/// A `LockClient` made by `from_fred` from a fred client with the plain (single-server)
+/// configuration of `url`, and its lock family in `namespace`.
+pub fn plain_fred_locks(url: &str, namespace: &str) -> (LockClient, Locks<str>) {
+    let config = sage_lock::fred::prelude::Config::from_url(url).expect("config");
+    let fred = sage_lock::fred::prelude::Builder::from_config(config)
+        .build()
+        .expect("fred client");
+    let client = LockClient::from_fred(fred);
+    let locks = client
+        .lock_with(LockOptions::new().namespace(namespace))
+        .expect("locks");
+    (client, locks)
+}
+
 pub async fn raw_set(client: &LockClient, key: &[u8], value: &str) {
     use sage_lock::fred::interfaces::KeysInterface;
     let key = sage_lock::fred::types::Key::from(key);
