@@ -478,3 +478,82 @@ async fn a_retried_shared_grant_gets_a_token_of_its_own() {
         }
     }
 }
+
+/// The mutex, the writer and `with_locks` of one name share the key's fencing counter without
+/// excluding each other. A grant of one of them retried with its token (its first attempt
+/// unacknowledged) must not answer the counter, which another of them may have taken since:
+/// two holders would carry one token (helper 27, from reading the scripts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_exclusive_grant_gets_a_token_of_its_own() {
+    for kind in ServerKind::ALL {
+        let setup = Replicated::start(kind, 2);
+        let client = connect(&setup).await;
+        let acknowledged = LockOptions::new().namespace("exclusive-retry");
+        let unacknowledged = acknowledged.clone().replica_acknowledgement(false);
+        let mutex = client.lock_with::<str>(acknowledged.clone()).expect("opts");
+        let other_mutex = client
+            .lock_with::<str>(unacknowledged.clone())
+            .expect("opts");
+        let writers = client.rw_lock_with::<str>(acknowledged).expect("opts");
+        let other_writers = client.rw_lock_with::<str>(unacknowledged).expect("opts");
+        let token = || async { sage_lock::current_lease().map(|l| l.fencing_token()) };
+        // Both replicas seen.
+        mutex
+            .with_lock("warm", Duration::from_secs(2), token())
+            .await
+            .expect("both replicas attached");
+        detach_one(&setup);
+        for primitive in ["mutex", "writer", "several keys"] {
+            let key = format!("k-{}", primitive.replace(' ', "-"));
+            let retried = {
+                let (mutex, writers, key) = (mutex.clone(), writers.clone(), key.clone());
+                tokio::spawn(async move {
+                    let wait = Duration::from_secs(4);
+                    match primitive {
+                        "mutex" => mutex.with_lock(key.as_str(), wait, token()).await,
+                        "writer" => writers.write(key.as_str(), wait, token()).await,
+                        _ => {
+                            let body = async {
+                                sage_lock::current_lease()
+                                    .and_then(|l| l.fencing_token_of(key.as_str()))
+                            };
+                            mutex
+                                .with_locks(&[key.as_str(), "another-key"], wait, body)
+                                .await
+                        }
+                    }
+                })
+            };
+            // The first grant is in, unacknowledged; the other primitive of the same name
+            // (which does not exclude it) is granted meanwhile.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let wait = Duration::from_secs(1);
+            let other = if primitive == "writer" {
+                other_mutex.with_lock(key.as_str(), wait, token()).await
+            } else {
+                other_writers.write(key.as_str(), wait, token()).await
+            };
+            let other = other.expect("the other holder, without acknowledgement");
+            let port = setup.primary.port().to_string();
+            setup.replicas[1].cmd_ok(&["REPLICAOF", "127.0.0.1", &port]);
+            setup
+                .wait_synced(Duration::from_secs(20))
+                .expect("replica back");
+            let retried = retried
+                .await
+                .expect("task")
+                .unwrap_or_else(|e| panic!("{} {primitive}: {e:?}", kind.name()));
+            println!(
+                "{} {primitive}: the other holder's token {other:?}, the retried grant's {retried:?}",
+                kind.name()
+            );
+            assert!(
+                retried > other,
+                "{} {primitive}: the retried grant's token {retried:?} is not above the token \
+                 {other:?} of the holder granted before it",
+                kind.name()
+            );
+            detach_one(&setup);
+        }
+    }
+}
