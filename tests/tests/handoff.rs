@@ -279,7 +279,9 @@ async fn a_long_lease_is_handed_over_and_held() {
         holder.release.send(()).expect("release");
         holder.done.await.expect("holder task");
         let (fence, _) = waiter.fence.await.expect("waiter runs");
-        assert_eq!(fence, first_fence + 1, "{}", kind.name());
+        // Too little of the hand-off lease is left to take it from the message: the waiter's
+        // own attempt confirms it, and that repeated grant takes the token after the hand-off's.
+        assert_eq!(fence, first_fence + 2, "{}", kind.name());
         waiter.release.send(()).expect("release");
         waiter
             .done
@@ -294,7 +296,7 @@ async fn a_long_lease_is_handed_over_and_held() {
 
 /// With replica acknowledgement, a handed-off grant is confirmed by the waiter's own attempt
 /// (whose `WAIT` then covers it): no grant is taken from the message alone, and the waiter still
-/// gets the next fencing token promptly.
+/// gets its fencing token promptly (the confirmation's own, one past the hand-off's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_acknowledged_waiter_confirms_the_handed_off_grant() {
     for kind in ServerKind::ALL {
@@ -320,7 +322,8 @@ async fn a_replica_acknowledged_waiter_confirms_the_handed_off_grant() {
         let (fence, entered) = waiter.fence.await.expect("waiter runs");
         let handoff = entered.saturating_duration_since(released_at);
         println!("{} replicated: hand-off {handoff:?}", kind.name());
-        assert_eq!(fence, first_fence + 1, "{}", kind.name());
+        // The confirming attempt is a repeated grant: it takes the token after the hand-off's.
+        assert_eq!(fence, first_fence + 2, "{}", kind.name());
         assert_eq!(b.stats().handoffs, 0, "{}: taken without WAIT", kind.name());
         assert!(
             handoff < Duration::from_millis(500),

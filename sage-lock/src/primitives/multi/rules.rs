@@ -25,7 +25,8 @@ use crate::scripts::{Script, ScriptCall};
 /// this token's, extended), this token leaves each queue it headed, each grant marker says
 /// whether its queue still holds anybody (as the mutex's does), each counter is incremented,
 /// and the reply is `{1, fence of that key, fence of each key...}` (a key this token already
-/// held keeps its fence). Else nothing is granted and the reply is `{0, ms}`: the soonest
+/// held gets a new one too: the writer and the semaphore of its name may have taken the counter
+/// since). Else nothing is granted and the reply is `{0, ms}`: the soonest
 /// positive PTTL of a held key or remaining place of another head (for a single key
 /// `{0, ms, fence counter}`, as the mutex's, so that a hand-off to this caller is told from a
 /// grant made before it queued). A refused try changes nothing; a refused waiting caller holds a place in the queue of every key it does not hold,
@@ -79,7 +80,8 @@ if not wait then
     end
     if holders[i] then
       redis.call('PEXPIRE', KEYS[i], ARGV[2])
-      fence = tonumber(redis.call('GET', KEYS[i + 1]) or '0')
+      -- Granted again: a token of its own (other primitives of this name share the counter).
+      fence = redis.call('INCR', KEYS[i + 1])
     else
       -- Nobody queued unless this token headed the queue (others may be behind it).
       local queued = ''

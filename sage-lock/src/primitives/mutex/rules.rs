@@ -77,7 +77,8 @@ pub(in crate::primitives) const SINCE_HORIZON_MS: i64 = 315_360_000_000;
 /// marked). Every script that checks the holder (release, shorten, renewal, the multi-key
 /// scripts) accepts the token with or without the mark.
 /// Replies `{1, fence}` when granted (also when the key already holds this token, so a retry
-/// after an unknown outcome is safe), or `{0, ms, fence}`: the holder's PTTL, or when free, how
+/// after an unknown outcome is safe; such a repeated grant takes a new fencing token, since the
+/// writer and the semaphore of the same name may have taken the counter since), or `{0, ms, fence}`: the holder's PTTL, or when free, how
 /// long the live head's place lasts, and the fencing counter (a hand-off to this waiter that
 /// the caller learns of later is genuine only if its fence is higher).
 const ACQUIRE: &str = concat!(
@@ -112,8 +113,10 @@ if not holder then
   redis.call('DEL', KEYS[1])
   redis.call('SET', KEYS[5], 'q', 'KEEPTTL')
 elseif holder == ARGV[1] or holder == ARGV[1] .. '+' then
+  -- Granted again: a token of its own, as the counter may have been taken since (the writer
+  -- and the semaphore of this name share it).
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
+  return {1, redis.call('INCR', KEYS[2])}
 end
 local ttl = tonumber(ARGV[3])
 if ttl > 0 then

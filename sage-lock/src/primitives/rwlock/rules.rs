@@ -97,8 +97,9 @@ return {1, fence}
 /// live reader queued before it (waiters whose place has ended are dropped on the way); the
 /// grant takes the writer out of the queue. Otherwise a waiting writer keeps (or takes) its
 /// place in the writer queue, ending place ms from now, and the reply is `{0, ms to wait at
-/// most, fencing counter}`. A writer the lock was handed to (its token in the writer key) is
-/// granted again, with its fencing token.
+/// most, fencing counter}`. A writer the lock was handed to (its token in the writer key), or
+/// retrying its grant, is granted again, with a new fencing token (the counter may have been
+/// taken since by the mutex or the semaphore of the same name).
 const WRITE_ACQUIRE: &str = concat!(
     waiter_queue_lua!(),
     r"
@@ -108,8 +109,9 @@ local place = tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local holder = redis.call('GET', KEYS[3])
 if holder == ARGV[1] then
+  -- Granted again: a token of its own (the mutex and the semaphore share the counter).
   redis.call('PEXPIRE', KEYS[3], ARGV[2])
-  return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
+  return {1, redis.call('INCR', KEYS[2])}
 end
 local ahead, queued = live_ahead(4, ARGV[1], now, 1)
 local hint
