@@ -462,3 +462,77 @@ async fn nested_locked_functions() {
         );
     }
 }
+
+/// A read nested in the task's own read (not reentrant) shares the key, but waits behind a
+/// writer queued meanwhile, which waits for the task's own read: the nested read can only time
+/// out. Its error says so and names the fix, instead of "held by another owner" (helper 25 and
+/// helper 27). The same for a permit nested in the task's own permit behind a queued waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nested_shared_hold_stuck_behind_its_own_hold_says_so() {
+    for kind in ServerKind::ALL {
+        let target = Target::standalone(kind);
+        let (client, other) = (target.client().await, target.client().await);
+        let name = kind.name();
+        for primitive in ["read", "permit"] {
+            let ns = target.ns(&format!("nested-behind-own-{primitive}"));
+            let options = || LockOptions::new().namespace(ns.as_str());
+            let rw = client.rw_lock_with::<str>(options()).expect("options");
+            let other_rw = other.rw_lock_with::<str>(options()).expect("options");
+            let permits = client.semaphore_with::<str>(2, options()).expect("options");
+            let other_permits = other.semaphore_with::<str>(2, options()).expect("options");
+            let nested = async {
+                // Another owner queues behind this task's hold (and fills the second permit).
+                let queued = {
+                    let (other_rw, other_permits) = (other_rw.clone(), other_permits.clone());
+                    tokio::spawn(async move {
+                        let wait = Duration::from_secs(10);
+                        if primitive == "read" {
+                            other_rw.write("k", wait, async {}).await
+                        } else {
+                            let second = other_permits.acquire("k", wait, async {
+                                tokio::time::sleep(Duration::from_secs(3)).await;
+                            });
+                            let third = async {
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                                other_permits.acquire("k", wait, async {}).await
+                            };
+                            let (second, third) = tokio::join!(second, third);
+                            second.and(third)
+                        }
+                    })
+                };
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                let wait = Duration::from_millis(800);
+                let nested = if primitive == "read" {
+                    rw.read("k", wait, async {}).await
+                } else {
+                    permits.acquire("k", wait, async {}).await
+                };
+                (nested, queued)
+            };
+            let (nested, queued) = if primitive == "read" {
+                rw.read("k", Duration::from_secs(1), nested).await
+            } else {
+                permits.acquire("k", Duration::from_secs(1), nested).await
+            }
+            .expect("the outer hold");
+            queued
+                .await
+                .expect("task")
+                .unwrap_or_else(|e| panic!("{name} {primitive}: the other owner: {e}"));
+            let message = nested
+                .as_ref()
+                .err()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            println!("{name} {primitive}: {message}");
+            assert!(
+                matches!(nested, Err(LockError::TimedOut { ref reason, .. })
+                    if *reason != TimeoutReason::Busy)
+                    && message.contains("this task itself holds")
+                    && message.contains("reentrant(true)"),
+                "{name} {primitive}: {nested:?}"
+            );
+        }
+    }
+}
