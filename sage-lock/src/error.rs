@@ -140,6 +140,11 @@ pub enum TimeoutReason {
     /// in its read, a read in its write): its hold lasts until that body ends, so waiting could
     /// only time out. Reported at once.
     HeldByThisTask,
+    /// Others held the lock for the whole wait while the calling task itself holds a shared
+    /// hold of the same kind on it (a read nested in its read, a permit in its permit) and the
+    /// family is not reentrant: a writer or waiter queued behind the task's hold goes first,
+    /// and may be waiting for that very hold, which lasts until the body ends.
+    BehindOwnHold,
 }
 
 impl fmt::Display for TimeoutReason {
@@ -182,6 +187,13 @@ impl fmt::Display for TimeoutReason {
                  with which a nested call of one key and the same kind runs under the held lock \
                  (a with_locks call never does, nor a read nested in the task's write or a \
                  write in its read: take all the keys, or the write lock, for the whole body)",
+            ),
+            TimeoutReason::BehindOwnHold => f.write_str(
+                "held by others for the whole wait, while this task itself holds a read or \
+                 permit of it (the call is nested in its body): a writer or waiter queued behind \
+                 that hold goes first and may wait for it, which lasts until the body ends; with \
+                 LockOptions::reentrant(true) a nested call of the same kind runs under the held \
+                 one at once",
             ),
         }
     }

@@ -435,6 +435,7 @@ fn error_event(key: &str, error: &LockError) -> Event {
                 TimeoutReason::Unavailable(_) => "unavailable",
                 TimeoutReason::PoolExhausted { .. } => "pool_exhausted",
                 TimeoutReason::HeldByThisTask => "held_by_this_task",
+                TimeoutReason::BehindOwnHold => "behind_own_hold",
                 _ => "other",
             }
         ),

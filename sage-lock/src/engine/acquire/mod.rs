@@ -53,6 +53,13 @@ pub(crate) async fn acquire(
     };
     let namespace = &settings.namespace;
     let timed_out = |reason: TimeoutReason| {
+        // Busy while this task shares the lock itself (not reentrant): say so.
+        let reason = match reason {
+            TimeoutReason::Busy if super::reentry::held(engine, &**rules, &keys.lock).is_some() => {
+                TimeoutReason::BehindOwnHold
+            }
+            reason => reason,
+        };
         client.stats.record(&settings.metrics, Event::Timeout);
         tracing::debug!(%reason, waited = ?start.elapsed(), "lock acquisition timed out");
         LockError::TimedOut {
