@@ -192,6 +192,32 @@ mod tests {
         }
     }
 
+    /// A refused value's error points at its line in the file, not at the whole document
+    /// (helper 25: range and name checks ran on the finished map, so `toml` placed them at
+    /// line 1).
+    #[test]
+    fn refused_values_name_their_line() {
+        let cases = [
+            ("[a]\nlease = \"1s\"\n\n[b]\nlease = \"10ms\"\n", "line 5"),
+            ("[a]\nwait = \"1s\"\n[b]\nwait = \"0s\"\n", "line 4"),
+            ("[a]\nwait = \"1s\"\n\n[\"a b\"]\nwait = \"1s\"\n", "line 4"),
+            ("[a]\nwait = \"1s\"\n[b]\nnamespace = \" x \"\n", "line 4"),
+            ("[a]\nwait = \"1s\"\n[b]\nhold_at_least = \"9000h\"\n", "line 4"),
+        ];
+        for (text, line) in cases {
+            let error = profiles(text).expect_err(text);
+            assert!(error.contains(line), "{text}: {error}");
+        }
+        for (text, line) in [
+            ("lease = \"2s\"\nnamespace = \" x \"\n", "line 2"),
+            ("namespace = \"n\"\nlease = \"1ms\"\n", "line 2"),
+            ("namespace = \"n\"\n\nhold_at_least = \"9000h\"\n", "line 3"),
+        ] {
+            let error = toml::from_str::<LockOptions>(text).expect_err(text);
+            assert!(error.to_string().contains(line), "{text}: {error}");
+        }
+    }
+
     #[test]
     fn lock_options_from_toml() {
         let options: LockOptions =
