@@ -8,42 +8,57 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 
-use super::{Profile, Profiles};
+use super::{
+    Profile, Profiles, check_hold_at_least, check_lease, check_namespace, check_wait, validate_name,
+};
 use crate::duration::parse_millis;
 use crate::options::{LockOptions, validate_hold_at_least, validate_lease, validate_namespace};
 
-/// The fields of a [`Profile`] as written in a configuration file.
+/// The fields of a [`Profile`] as written in a configuration file. Each value is checked as it
+/// is read, so that a refused one's error points at its line.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ProfileFields {
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "profile_lease")]
     lease: Option<Duration>,
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "profile_wait")]
     wait: Option<Duration>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "profile_namespace")]
     namespace: Option<String>,
     #[serde(default, alias = "replica_ack")]
     replica_acknowledgement: Option<bool>,
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "profile_hold_at_least")]
     hold_at_least: Option<Duration>,
     #[serde(default)]
     reentrant: Option<bool>,
 }
 
-/// The fields of [`LockOptions`] as written in a configuration file.
+/// The fields of [`LockOptions`] as written in a configuration file, each checked as it is read.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct OptionsFields {
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "options_lease")]
     lease: Option<Duration>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "options_namespace")]
     namespace: Option<String>,
     #[serde(default, alias = "replica_ack")]
     replica_acknowledgement: Option<bool>,
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "options_hold_at_least")]
     hold_at_least: Option<Duration>,
     #[serde(default)]
     reentrant: Option<bool>,
+}
+
+/// A profile's name, checked as it is read (see [`validate_name`]).
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct ProfileName(String);
+
+impl<'de> Deserialize<'de> for ProfileName {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        validate_name(&name).map_err(de::Error::custom)?;
+        Ok(ProfileName(name))
+    }
 }
 
 /// `lease = "10s"`, `wait = "2s"`, `namespace = "..."`, `replica_acknowledgement = false`
@@ -66,7 +81,12 @@ impl<'de> Deserialize<'de> for Profile {
 /// A map of profile names to [`Profile`]s; every profile and name is checked.
 impl<'de> Deserialize<'de> for Profiles {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let by_name = std::collections::BTreeMap::<String, Profile>::deserialize(deserializer)?;
+        let by_name =
+            std::collections::BTreeMap::<ProfileName, Profile>::deserialize(deserializer)?;
+        let by_name = by_name
+            .into_iter()
+            .map(|(ProfileName(name), profile)| (name, profile))
+            .collect();
         let profiles = Profiles { by_name };
         profiles.check().map_err(de::Error::custom)?;
         Ok(profiles)
@@ -80,18 +100,15 @@ impl<'de> Deserialize<'de> for LockOptions {
         let fields = OptionsFields::deserialize(deserializer)?;
         let mut options = LockOptions::new();
         if let Some(lease) = fields.lease {
-            validate_lease(lease).map_err(de::Error::custom)?;
             options = options.lease(lease);
         }
         if let Some(namespace) = fields.namespace {
-            validate_namespace(&namespace).map_err(de::Error::custom)?;
             options = options.namespace(namespace);
         }
         if let Some(on) = fields.replica_acknowledgement {
             options = options.replica_acknowledgement(on);
         }
         if let Some(hold) = fields.hold_at_least {
-            validate_hold_at_least(hold).map_err(de::Error::custom)?;
             options = options.hold_at_least(hold);
         }
         if let Some(on) = fields.reentrant {
@@ -99,6 +116,56 @@ impl<'de> Deserialize<'de> for LockOptions {
         }
         Ok(options)
     }
+}
+
+/// A duration, refused unless `check` passes.
+fn checked_duration<'de, D: Deserializer<'de>, E: fmt::Display>(
+    deserializer: D,
+    check: impl FnOnce(Duration) -> Result<(), E>,
+) -> Result<Option<Duration>, D::Error> {
+    let value = duration(deserializer)?;
+    if let Some(value) = value {
+        check(value).map_err(de::Error::custom)?;
+    }
+    Ok(value)
+}
+
+/// A namespace, refused unless `check` passes.
+fn checked_namespace<'de, D: Deserializer<'de>, E: fmt::Display>(
+    deserializer: D,
+    check: impl FnOnce(&str) -> Result<(), E>,
+) -> Result<Option<String>, D::Error> {
+    let namespace = String::deserialize(deserializer)?;
+    check(&namespace).map_err(de::Error::custom)?;
+    Ok(Some(namespace))
+}
+
+fn profile_lease<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    checked_duration(d, check_lease)
+}
+
+fn profile_wait<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    checked_duration(d, check_wait)
+}
+
+fn profile_hold_at_least<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    checked_duration(d, check_hold_at_least)
+}
+
+fn profile_namespace<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    checked_namespace(d, check_namespace)
+}
+
+fn options_lease<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    checked_duration(d, validate_lease)
+}
+
+fn options_hold_at_least<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    checked_duration(d, validate_hold_at_least)
+}
+
+fn options_namespace<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    checked_namespace(d, validate_namespace)
 }
 
 /// An optional duration written as text.
@@ -202,7 +269,10 @@ mod tests {
             ("[a]\nwait = \"1s\"\n[b]\nwait = \"0s\"\n", "line 4"),
             ("[a]\nwait = \"1s\"\n\n[\"a b\"]\nwait = \"1s\"\n", "line 4"),
             ("[a]\nwait = \"1s\"\n[b]\nnamespace = \" x \"\n", "line 4"),
-            ("[a]\nwait = \"1s\"\n[b]\nhold_at_least = \"9000h\"\n", "line 4"),
+            (
+                "[a]\nwait = \"1s\"\n[b]\nhold_at_least = \"9000h\"\n",
+                "line 4",
+            ),
         ];
         for (text, line) in cases {
             let error = profiles(text).expect_err(text);

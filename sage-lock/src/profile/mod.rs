@@ -124,49 +124,75 @@ impl Profile {
 
     /// Checks every setting, naming `profile` and the fix in the error.
     pub(crate) fn validate(&self, profile: &str) -> Result<(), String> {
-        if let Some(lease) = self.lease {
-            if lease < MIN_LEASE {
-                return Err(format!(
-                    "profile {profile:?}: `lease` must be at least 30ms, got {}; choose one \
-                     comfortably longer than network latency and process pauses, e.g. \"10s\"",
-                    format_duration(lease)
-                ));
-            }
-            if lease > Duration::from_secs(60 * 60 * 24 * 365) {
-                return Err(format!(
-                    "profile {profile:?}: `lease` must be at most one year, got {}",
-                    format_duration(lease)
-                ));
-            }
-        }
-        if let Some(hold) = self.hold_at_least
-            && hold > Duration::from_secs(60 * 60 * 24 * 365)
-        {
-            return Err(format!(
-                "profile {profile:?}: `hold_at_least` must be at most one year, got {}; use the \
-                 interval of the scheduled job, e.g. \"30s\"",
-                format_duration(hold)
-            ));
-        }
-        if self.wait.is_some_and(|wait| wait.is_zero()) {
-            return Err(format!(
-                "profile {profile:?}: `wait` must be positive, e.g. \"2s\"; to not wait, remove \
-                 it and use `#[locked(try_lock)]`"
-            ));
-        }
-        if self
-            .namespace
+        let named = |problem: String| format!("profile {profile:?}: {problem}");
+        self.lease.map_or(Ok(()), check_lease).map_err(named)?;
+        self.hold_at_least
+            .map_or(Ok(()), check_hold_at_least)
+            .map_err(named)?;
+        self.wait.map_or(Ok(()), check_wait).map_err(named)?;
+        self.namespace
             .as_deref()
-            .is_some_and(|ns| ns.trim().is_empty())
-        {
-            return Err(format!(
-                "profile {profile:?}: `namespace` must not be empty or blank; give a name such as \
-                 \"account-updates\", or leave it out for the default namespace"
-            ));
-        }
-        Ok(())
+            .map_or(Ok(()), check_namespace)
+            .map_err(named)
     }
 }
+
+/// A profile's `lease`: 30 ms to one year.
+pub(crate) fn check_lease(lease: Duration) -> Result<(), String> {
+    if lease < MIN_LEASE {
+        return Err(format!(
+            "`lease` must be at least 30ms, got {}; choose one comfortably longer than network \
+             latency and process pauses, e.g. \"10s\"",
+            format_duration(lease)
+        ));
+    }
+    if lease > ONE_YEAR {
+        return Err(format!(
+            "`lease` must be at most one year, got {}",
+            format_duration(lease)
+        ));
+    }
+    Ok(())
+}
+
+/// A profile's `hold_at_least`: at most one year.
+pub(crate) fn check_hold_at_least(hold: Duration) -> Result<(), String> {
+    if hold > ONE_YEAR {
+        return Err(format!(
+            "`hold_at_least` must be at most one year, got {}; use the interval of the \
+             scheduled job, e.g. \"30s\"",
+            format_duration(hold)
+        ));
+    }
+    Ok(())
+}
+
+/// A profile's `wait`: positive.
+pub(crate) fn check_wait(wait: Duration) -> Result<(), String> {
+    if wait.is_zero() {
+        return Err(
+            "`wait` must be positive, e.g. \"2s\"; to not wait, remove it and use \
+                    `#[locked(try_lock)]`"
+                .to_owned(),
+        );
+    }
+    Ok(())
+}
+
+/// A profile's `namespace`: not blank, and without leading or trailing whitespace.
+pub(crate) fn check_namespace(namespace: &str) -> Result<(), String> {
+    if namespace.trim().is_empty() {
+        return Err(
+            "`namespace` must not be empty or blank; give a name such as \
+                    \"account-updates\", or leave it out for the default namespace"
+                .to_owned(),
+        );
+    }
+    crate::options::validate_namespace(namespace).map_err(|error| error.to_string())
+}
+
+/// The longest lease and minimum hold a profile may set.
+const ONE_YEAR: Duration = Duration::from_secs(60 * 60 * 24 * 365);
 
 /// Renders a duration in the grammar of the configuration (`1s500ms`).
 fn format_duration(duration: Duration) -> String {
