@@ -451,14 +451,22 @@ async fn release_now(
                 tracing::debug!("release not sent: the client was closed (LockClient::quit())");
                 return Released::Done;
             }
-            let unanswered =
-                matches!(&error, OpError::Failed(error) if classify(error) == Failure::Transient);
+            let unanswered_now = went_unanswered(&error);
             let (error, hint) = match &error {
                 OpError::Failed(error) => (error.to_string(), crate::acl::denial_hint(error, None)),
                 OpError::PoolExhausted => ("no dedicated connection came free".to_owned(), None),
             };
             let hint = hint.map(|hint| format!(" ({hint})")).unwrap_or_default();
-            if unanswered {
+            if unanswered && unanswered_now {
+                // No hold's release: the undoing of a call's last attempt (unanswered, or
+                // granted without its replicas' acknowledgement), whose caller got its error;
+                // the undoing could not be sent or answered either.
+                tracing::info!(
+                    %error,
+                    "could not undo an acquisition attempt that timed out or failed: if the \
+                     server ran it, the key stays taken, by nobody, until its lease ends"
+                );
+            } else if unanswered_now {
                 tracing::warn!(
                     %error,
                     "release not answered within {RELEASE_TIMEOUT:?}: unless it still runs, the lock expires with its lease{hint}"
@@ -469,6 +477,12 @@ async fn release_now(
         }
     }
     Released::Done
+}
+
+/// Whether a release failed for want of an answer (a transient failure: not sent, or not
+/// answered, within its bound).
+fn went_unanswered(error: &OpError) -> bool {
+    matches!(error, OpError::Failed(error) if classify(error) == Failure::Transient)
 }
 
 /// What a release learned about the hold it released.
