@@ -20,6 +20,21 @@ impl Captured {
             .finish()
     }
 
+    /// A sink with [`Captured::warn_subscriber`] installed as the global subscriber: for a
+    /// binary of one test, whose events come from tasks of their own.
+    ///
+    /// # Panics
+    /// When a global subscriber is installed already.
+    pub fn global_warn() -> Captured {
+        use tracing_subscriber::util::SubscriberInitExt as _;
+        let captured = Captured::default();
+        captured
+            .warn_subscriber()
+            .try_init()
+            .expect("the only subscriber of this binary");
+        captured
+    }
+
     /// Everything written so far, as (lossy) UTF-8.
     pub fn text(&self) -> String {
         let bytes = self.0.lock().map(|out| out.clone()).unwrap_or_default();

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use harness::{Captured, Server, ServerKind};
 use sage_lock::{LockClient, LockError, LockOptions, TimeoutReason};
-use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// A call whose attempts got no answer (the server stopped with `SIGSTOP`, or killed) times out
 /// with `Unavailable`, and the clean-up of its last attempt gets no answer either. That is no
@@ -15,11 +14,7 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 /// said below `WARN`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unanswered_acquisition_warns_about_no_release() {
-    let captured = Captured::default();
-    captured
-        .warn_subscriber()
-        .try_init()
-        .expect("the only subscriber of this binary");
+    let captured = Captured::global_warn();
     for kind in ServerKind::ALL {
         for fault in ["paused", "killed"] {
             let server = Server::start(kind);

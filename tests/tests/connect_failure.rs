@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use harness::{Captured, Replicated, ServerKind};
 use sage_lock::{LockClient, LockError, LockOptions, Locks};
-use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// A free loopback port with nothing listening on it.
 fn closed_port() -> u16 {
@@ -41,11 +40,7 @@ fn closed_within(mut stream: TcpStream, limit: Duration) -> bool {
 /// connection used to log fred's "Attempted to quit client that was already stopped").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_connection_is_an_error_and_no_warning() {
-    let captured = Captured::default();
-    captured
-        .warn_subscriber()
-        .try_init()
-        .expect("the only subscriber of this binary");
+    let captured = Captured::global_warn();
 
     // Accepts connections (the kernel's backlog) but never answers them.
     let silent = TcpListener::bind("127.0.0.1:0").expect("bind");

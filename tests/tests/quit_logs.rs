@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use harness::{Captured, ServerKind};
 use sage_lock::{LockClient, LockError, LockOptions, LossReason};
-use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// `quit()` while 20 tasks hold locks: each holder fails with `LockLost` naming quit when its
 /// usable lease runs out, and its lock expires with its lease, as documented; nothing warns
@@ -14,11 +13,7 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 /// holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quit_with_held_locks_warns_about_no_release() {
-    let captured = Captured::default();
-    captured
-        .warn_subscriber()
-        .try_init()
-        .expect("the only subscriber of this binary");
+    let captured = Captured::global_warn();
     for kind in ServerKind::ALL {
         let server = harness::shared(kind);
         let client = LockClient::connect(&server.url()).await.expect("connect");

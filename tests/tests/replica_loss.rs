@@ -409,6 +409,33 @@ async fn new_client_through_sentinel_takes_the_floor_from_sentinel() {
 /// the key's fencing counter on: the retry must not answer with that counter (another holder's
 /// token) but with a token of its own. Found by the chaos suite (`--primitives all`, seed 1253,
 /// replicated Redis: three readers of one key granted token 6).
+/// Brings the detached replica back, lets the `retried` grant (held up, unacknowledged, while
+/// `other` was granted) complete, asserts that its token is above `other`'s, and detaches the
+/// replica again.
+async fn assert_retried_grant_is_above(
+    setup: &Replicated,
+    label: &str,
+    retried: tokio::task::JoinHandle<Result<Option<u64>, LockError>>,
+    other: Option<u64>,
+) {
+    let port = setup.primary.port().to_string();
+    setup.replicas[1].cmd_ok(&["REPLICAOF", "127.0.0.1", &port]);
+    setup
+        .wait_synced(Duration::from_secs(20))
+        .expect("replica back");
+    let retried = retried
+        .await
+        .expect("task")
+        .unwrap_or_else(|e| panic!("{label}: {e:?}"));
+    println!("{label}: the other holder's token {other:?}, the retried grant's {retried:?}");
+    assert!(
+        retried > other,
+        "{label}: the retried grant's token {retried:?} is not above the token {other:?} of the \
+         holder granted before it"
+    );
+    detach_one(setup);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_shared_grant_gets_a_token_of_its_own() {
     for kind in ServerKind::ALL {
@@ -455,26 +482,8 @@ async fn a_retried_shared_grant_gets_a_token_of_its_own() {
                 other_permits.acquire(key.as_str(), wait, token()).await
             };
             let other = other.expect("the other holder, without acknowledgement");
-            let port = setup.primary.port().to_string();
-            setup.replicas[1].cmd_ok(&["REPLICAOF", "127.0.0.1", &port]);
-            setup
-                .wait_synced(Duration::from_secs(20))
-                .expect("replica back");
-            let retried = retried
-                .await
-                .expect("task")
-                .unwrap_or_else(|e| panic!("{} {primitive}: {e:?}", kind.name()));
-            println!(
-                "{} {primitive}: the other holder's token {other:?}, the retried grant's {retried:?}",
-                kind.name()
-            );
-            assert!(
-                retried > other,
-                "{} {primitive}: the retried grant's token {retried:?} is not above the token \
-                 {other:?} of the holder granted before it",
-                kind.name()
-            );
-            detach_one(&setup);
+            let label = format!("{} {primitive}", kind.name());
+            assert_retried_grant_is_above(&setup, &label, retried, other).await;
         }
     }
 }
@@ -534,26 +543,8 @@ async fn a_retried_exclusive_grant_gets_a_token_of_its_own() {
                 other_writers.write(key.as_str(), wait, token()).await
             };
             let other = other.expect("the other holder, without acknowledgement");
-            let port = setup.primary.port().to_string();
-            setup.replicas[1].cmd_ok(&["REPLICAOF", "127.0.0.1", &port]);
-            setup
-                .wait_synced(Duration::from_secs(20))
-                .expect("replica back");
-            let retried = retried
-                .await
-                .expect("task")
-                .unwrap_or_else(|e| panic!("{} {primitive}: {e:?}", kind.name()));
-            println!(
-                "{} {primitive}: the other holder's token {other:?}, the retried grant's {retried:?}",
-                kind.name()
-            );
-            assert!(
-                retried > other,
-                "{} {primitive}: the retried grant's token {retried:?} is not above the token \
-                 {other:?} of the holder granted before it",
-                kind.name()
-            );
-            detach_one(&setup);
+            let label = format!("{} {primitive}", kind.name());
+            assert_retried_grant_is_above(&setup, &label, retried, other).await;
         }
     }
 }
