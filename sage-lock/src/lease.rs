@@ -123,7 +123,8 @@ impl Lease {
     /// The fencing token: a number that strictly increases with every acquisition of this key
     /// (across processes and lease expiries). A store that remembers the highest token it has
     /// seen per key and rejects lower ones is safe against a holder that lost its lease without
-    /// noticing (a long pause, a network partition).
+    /// noticing (a long pause, a network partition). Tokens are unique per key but may skip
+    /// numbers (a retried or confirmed grant takes a token of its own).
     #[must_use]
     pub fn fencing_token(&self) -> u64 {
         self.view
