@@ -1,4 +1,5 @@
-//! `#[tracing::instrument]` before and after `#[locked]`.
+//! `#[tracing::instrument]` before and after `#[locked]`, in both modes (`instrument` above a
+//! `try_lock` function did not compile: its fake return has the declared type, helper 28).
 use sage_lock::locked;
 
 #[tracing::instrument]
@@ -15,7 +16,32 @@ async fn locked_first(id: u64) -> anyhow::Result<Option<u64>> {
     Ok(id)
 }
 
+#[tracing::instrument]
+#[locked(key = "c:{id}", try_lock)]
+async fn instrument_first_try(id: u64) -> anyhow::Result<Option<u64>> {
+    tracing::info!("inside");
+    Ok(id)
+}
+
+#[tracing::instrument(err, ret)]
+#[locked(key = "d:{id}", try_lock)]
+async fn instrument_first_try_err(id: u64) -> Result<Option<u64>, sage_lock::LockError> {
+    if id == 0 {
+        return Ok(1);
+    }
+    Ok(id)
+}
+
+#[locked(key = "e:{id}", wait = "1s")]
+#[tracing::instrument]
+async fn locked_first_wait(id: u64) -> anyhow::Result<u64> {
+    Ok(id)
+}
+
 fn main() {
     drop(instrument_first(1));
     drop(locked_first(1));
+    drop(instrument_first_try(1));
+    drop(instrument_first_try_err(1));
+    drop(locked_first_wait(1));
 }
