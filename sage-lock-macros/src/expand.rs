@@ -43,6 +43,7 @@ use crate::modes::RwMode;
 use crate::profile;
 use crate::shape::{
     Shape, async_trait_body_mut, declared_return, empty_block, retarget_async_trait_edges,
+    retarget_instrument_fake_return,
 };
 use crate::tokens::{borrowed, first_item_token_span, respan, scope_of};
 
@@ -385,6 +386,9 @@ fn generate(args: &Args, mut func: ItemFn, shape: &Shape, key: &TokenStream) -> 
                 arguments,
                 edge,
             } = generated(args, key, ret, *ret_span, &name);
+            if args.try_lock {
+                retarget_instrument_fake_return(&mut func.block, ret, &krate(args));
+            }
             // The body's statements go straight into the async block: wrapped in their own
             // braces, a one-expression body would trip `unused_braces`.
             let stmts = &func.block.stmts;
@@ -408,6 +412,7 @@ fn generate(args: &Args, mut func: ItemFn, shape: &Shape, key: &TokenStream) -> 
             if let Some(async_block) = async_trait_body_mut(&mut func) {
                 if args.try_lock {
                     retarget_async_trait_edges(&mut async_block.block, ret, &krate);
+                    retarget_instrument_fake_return(&mut async_block.block, ret, &krate);
                 }
                 let inner = std::mem::replace(&mut async_block.block, empty_block());
                 let stmts = &inner.stmts;

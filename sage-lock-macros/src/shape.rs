@@ -179,21 +179,73 @@ pub(crate) fn retarget_async_trait_edges(block: &mut Block, ret: &Type, krate: &
     let body: Type = syn::parse_quote_spanned!(span=>
         <#ret as #krate::__private::TryLockReturn>::Body
     );
+    fn retarget(visitor: &mut Retarget, stmts: &mut [Stmt]) {
+        for stmt in stmts {
+            match stmt {
+                // `if let Some(__ret) = None::<R> { return __ret; }`
+                Stmt::Expr(Expr::If(edge), _) => visitor.visit_expr_mut(&mut edge.cond),
+                // `let __ret: R = { ...user body... };`
+                Stmt::Local(local) => match &mut local.pat {
+                    Pat::Type(typed) => visitor.visit_type_mut(&mut typed.ty),
+                    // `#[tracing::instrument]` above `#[locked]` moved the edges into its
+                    // future: `let __tracing_instrument_future = async move { ... };`.
+                    Pat::Ident(name) if name.ident == INSTRUMENT_FUTURE => {
+                        if let Some(init) = &mut local.init
+                            && let Expr::Async(future) = &mut *init.expr
+                        {
+                            retarget(visitor, &mut future.block.stmts);
+                        }
+                    }
+                    _ => {}
+                },
+                _ => {}
+            }
+        }
+    }
     let mut visitor = Retarget {
         ret: ret.to_token_stream().to_string(),
         body,
     };
-    for stmt in &mut block.stmts {
-        match stmt {
-            // `if let Some(__ret) = None::<R> { return __ret; }`
-            Stmt::Expr(Expr::If(edge), _) => visitor.visit_expr_mut(&mut edge.cond),
-            // `let __ret: R = { ...user body... };`
-            Stmt::Local(local) => {
-                if let Pat::Type(typed) = &mut local.pat {
-                    visitor.visit_type_mut(&mut typed.ty);
-                }
+    retarget(&mut visitor, &mut block.stmts);
+}
+
+/// The local holding the future `#[tracing::instrument]` wraps an async body in.
+const INSTRUMENT_FUTURE: &str = "__tracing_instrument_future";
+
+/// The local `#[tracing::instrument]` declares with the function's return type to fix its
+/// future's output (`let __tracing_attr_fake_return: R = loop {};`).
+const INSTRUMENT_FAKE_RETURN: &str = "__tracing_attr_fake_return";
+
+/// In `try_lock` mode, retargets the fake return that an attribute above `#[locked]`
+/// (`#[tracing::instrument]`) put in the body with the declared type `R` to the body's type, as
+/// [`retarget_async_trait_edges`] does for `#[async_trait]`'s.
+pub(crate) fn retarget_instrument_fake_return(block: &mut Block, ret: &Type, krate: &TokenStream) {
+    struct Retarget {
+        ret: String,
+        body: Type,
+    }
+    impl VisitMut for Retarget {
+        fn visit_local_mut(&mut self, local: &mut syn::Local) {
+            if let Pat::Type(typed) = &mut local.pat
+                && let Pat::Ident(name) = &*typed.pat
+                && name.ident == INSTRUMENT_FAKE_RETURN
+                && erase_impl_trait((*typed.ty).clone())
+                    .to_token_stream()
+                    .to_string()
+                    == self.ret
+            {
+                *typed.ty = self.body.clone();
             }
-            _ => {}
+            syn::visit_mut::visit_local_mut(self, local);
         }
     }
+    let span = ret.span();
+    let body: Type = syn::parse_quote_spanned!(span=>
+        <#ret as #krate::__private::TryLockReturn>::Body
+    );
+    Retarget {
+        ret: ret.to_token_stream().to_string(),
+        body,
+    }
+    .visit_block_mut(block);
 }

@@ -88,6 +88,29 @@ async fn hold_with_macro(
     Ok(seen())
 }
 
+/// `#[tracing::instrument]` above a `try_lock` function (it did not compile: helper 28).
+#[tracing::instrument(skip(client))]
+#[locked(key = "account:{id}", try_lock, namespace = "macro-key-equality", client = client)]
+async fn settle_instrumented(client: &LockClient, id: u64) -> Result<Option<Seen>, AppError> {
+    Ok(seen())
+}
+
+#[async_trait::async_trait]
+trait Settle {
+    async fn settle(&self, id: u64) -> Result<Option<Seen>, AppError>;
+}
+
+struct InstrumentedSettler(LockClient);
+
+#[async_trait::async_trait]
+impl Settle for InstrumentedSettler {
+    #[tracing::instrument(skip(self))]
+    #[locked(key = "account:{id}", try_lock, namespace = "macro-key-equality", client = self.0)]
+    async fn settle(&self, id: u64) -> Result<Option<Seen>, AppError> {
+        Ok(seen())
+    }
+}
+
 fn is_free(result: Result<Option<Seen>, AppError>, key: &str) -> bool {
     match result {
         Ok(Some((namespace, seen_key))) => {
@@ -124,6 +147,17 @@ async fn macro_key_equals_hand_built_key() {
         assert!(
             is_free(settle(&client, 43).await, "account:43"),
             "{kind}: other id"
+        );
+        let instrumented = InstrumentedSettler(client.clone());
+        assert!(
+            !is_free(settle_instrumented(&client, 42).await, "account:42")
+                && !is_free(instrumented.settle(42).await, "account:42"),
+            "{kind}: instrumented"
+        );
+        assert!(
+            is_free(settle_instrumented(&client, 43).await, "account:43")
+                && is_free(instrumented.settle(43).await, "account:43"),
+            "{kind}: instrumented, other id"
         );
         assert!(
             is_free(settle_escaped(&client, 42).await, "{account}:42"),

@@ -38,10 +38,28 @@ async fn locked_first_wait(id: u64) -> anyhow::Result<u64> {
     Ok(id)
 }
 
+#[async_trait::async_trait]
+trait Audit {
+    async fn audit(&self, id: u64) -> anyhow::Result<Option<u64>>;
+}
+
+#[derive(Debug)]
+struct Auditor;
+
+#[async_trait::async_trait]
+impl Audit for Auditor {
+    #[tracing::instrument]
+    #[locked(key = "f:{id}", try_lock)]
+    async fn audit(&self, id: u64) -> anyhow::Result<Option<u64>> {
+        Ok(id)
+    }
+}
+
 fn main() {
     drop(instrument_first(1));
     drop(locked_first(1));
     drop(instrument_first_try(1));
     drop(instrument_first_try_err(1));
     drop(locked_first_wait(1));
+    drop(Auditor.audit(1));
 }
