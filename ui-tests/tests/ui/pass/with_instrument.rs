@@ -1,5 +1,6 @@
 //! `#[tracing::instrument]` before and after `#[locked]`, in both modes (`instrument` above a
 //! `try_lock` function did not compile: its fake return has the declared type, helper 28).
+#![deny(warnings)]
 use sage_lock::locked;
 
 #[tracing::instrument]
@@ -52,6 +53,37 @@ impl Audit for Auditor {
     #[locked(key = "f:{id}", try_lock)]
     async fn audit(&self, id: u64) -> anyhow::Result<Option<u64>> {
         Ok(id)
+    }
+}
+
+#[async_trait::async_trait]
+trait Settle {
+    async fn settle(&self, id: u64) -> anyhow::Result<Option<()>>;
+}
+
+struct Settler(sage_lock::LockClient);
+
+#[async_trait::async_trait]
+impl Settle for Settler {
+    #[tracing::instrument(skip(self))]
+    #[locked(key = "g:{id}", try_lock, client = self.0)]
+    async fn settle(&self, id: u64) -> anyhow::Result<Option<()>> {
+        Ok(())
+    }
+}
+
+/// A parameter used only in the key (it was "unused" in an `#[async_trait]` impl: its rebinding
+/// moved into the body, helper 28).
+#[async_trait::async_trait]
+trait Check {
+    async fn check(&self, id: u64, tries: u32) -> anyhow::Result<Option<()>>;
+}
+
+#[async_trait::async_trait]
+impl Check for Settler {
+    #[locked(key = "h:{id}:{tries}", try_lock, client = self.0)]
+    async fn check(&self, id: u64, tries: u32) -> anyhow::Result<Option<()>> {
+        Ok(())
     }
 }
 
