@@ -43,7 +43,7 @@ use crate::modes::RwMode;
 use crate::profile;
 use crate::shape::{
     Shape, async_trait_body_mut, declared_return, empty_block, retarget_async_trait_edges,
-    retarget_instrument_fake_return,
+    retarget_instrument_fake_return, take_async_trait_rebindings,
 };
 use crate::tokens::{borrowed, first_item_token_span, respan, scope_of};
 
@@ -414,9 +414,11 @@ fn generate(args: &Args, mut func: ItemFn, shape: &Shape, key: &TokenStream) -> 
                     retarget_async_trait_edges(&mut async_block.block, ret, &krate);
                     retarget_instrument_fake_return(&mut async_block.block, ret, &krate);
                 }
-                let inner = std::mem::replace(&mut async_block.block, empty_block());
+                let mut inner = std::mem::replace(&mut async_block.block, empty_block());
+                let rebindings = take_async_trait_rebindings(&mut inner);
                 let stmts = &inner.stmts;
                 let replacement: Block = syn::parse_quote! {{
+                    #(#rebindings)*
                     #locals
                     #function(#arguments async move { #(#stmts)* }).await
                 }};

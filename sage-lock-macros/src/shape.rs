@@ -249,3 +249,47 @@ pub(crate) fn retarget_instrument_fake_return(block: &mut Block, ret: &Type, kra
     }
     .visit_block_mut(block);
 }
+
+/// Takes `#[async_trait]`'s rebinding of each named parameter (`let id = id;`) out of its
+/// boxed future's `block` (or out of the future `#[tracing::instrument]` above `#[locked]` made
+/// of it), so that it can come before the lock's prelude: a parameter the key names is then
+/// used by the rebinding's own scope, and not reported unused when the body does not use it.
+/// `let __self = self;` stays: the prelude may read `self` (`client = self.locks`).
+pub(crate) fn take_async_trait_rebindings(block: &mut Block) -> Vec<Stmt> {
+    fn is_rebinding(stmt: &Stmt) -> bool {
+        let Stmt::Local(local) = stmt else {
+            return false;
+        };
+        let (Pat::Ident(name), Some(init)) = (&local.pat, &local.init) else {
+            return false;
+        };
+        if name.ident == "__self" || init.diverge.is_some() {
+            return false;
+        }
+        matches!(&*init.expr, Expr::Path(path) if path.qself.is_none() && path.path.is_ident(&name.ident))
+    }
+    // The user's body is in a block of its own (`let __ret: R = { ... };`): every rebinding at
+    // this level is `#[async_trait]`'s.
+    fn take(stmts: &mut Vec<Stmt>) -> Vec<Stmt> {
+        let mut taken = Vec::new();
+        let mut kept = Vec::with_capacity(stmts.len());
+        for mut stmt in stmts.drain(..) {
+            if is_rebinding(&stmt) {
+                taken.push(stmt);
+                continue;
+            }
+            if let Stmt::Local(local) = &mut stmt
+                && let Pat::Ident(name) = &local.pat
+                && name.ident == INSTRUMENT_FUTURE
+                && let Some(init) = &mut local.init
+                && let Expr::Async(future) = &mut *init.expr
+            {
+                taken.extend(take(&mut future.block.stmts));
+            }
+            kept.push(stmt);
+        }
+        *stmts = kept;
+        taken
+    }
+    take(&mut block.stmts)
+}
