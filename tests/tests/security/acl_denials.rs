@@ -271,6 +271,37 @@ async fn acl_without_channels_waiters_fall_back_to_polling() {
     }
 }
 
+/// An acquisition the server refused before its script ran (the script command, or the keys,
+/// denied) took nothing, so nothing is undone and no release is logged (it logged "release
+/// failed; the lock expires with its lease", with a placeholder namespace: helper 29). A
+/// command denied inside the script may follow earlier writes, so that one is still undone.
+#[tokio::test]
+async fn acl_denied_acquisition_logs_no_release() {
+    let captured = harness::Captured::default();
+    let _guard = tracing::subscriber::set_default(captured.warn_subscriber());
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        with_lock_error(server, false, without(&["+evalsha", "+eval"])).await;
+        with_lock_error(server, false, |rule| {
+            rule.into_iter()
+                .map(|w| {
+                    if w.starts_with("~{") {
+                        "~{other:*".to_owned()
+                    } else {
+                        w
+                    }
+                })
+                .collect()
+        })
+        .await;
+    }
+    let logs = captured.text();
+    assert!(
+        !logs.contains("release"),
+        "a refused acquisition logged a release:\n{logs}"
+    );
+}
+
 /// A release the ACL denies: the body's result is returned, the failure is logged with the
 /// server's message and the grant, and the key expires with its lease.
 #[tokio::test]
