@@ -47,6 +47,13 @@ pub(crate) fn denial_hint(error: &Error, namespace: Option<&str>) -> Option<Stri
     Some(hint)
 }
 
+/// Whether `error` is a denial of the command itself or of its declared keys (`NOPERM` as the
+/// reply): the server refused it before running anything, so it changed nothing. (A command
+/// denied inside a script replies `ERR ...`, after the script's earlier calls ran.)
+pub(crate) fn refused_before_running(error: &Error) -> bool {
+    error.details().trim_start().starts_with("NOPERM")
+}
+
 /// `evalsha` from "... no permissions to run the 'evalsha' command".
 fn denied_command(lower: &str) -> Option<String> {
     let end = lower.find("' command")?;

@@ -159,7 +159,10 @@ pub(crate) async fn acquire(
         }
         Err(Stop::Lost(reason)) => Err(held.lost(reason).await),
         Err(Stop::Failed(error)) => {
-            held.abandon().await;
+            // (Disarmed when every attempt was answered and the last was refused unrun.)
+            if held.armed {
+                held.abandon().await;
+            }
             let hint = crate::acl::denial_hint(&error, Some(namespace.as_ref()))
                 .map(|hint| format!(" ({hint})"))
                 .unwrap_or_default();
@@ -248,6 +251,8 @@ async fn acquire_loop(
     let in_line = waiting && rules.local_line();
     // The last sleep ran its whole delay while a release notification was expected.
     let mut polled = false;
+    // An attempt failed on the way (it may have been granted unanswered).
+    let mut unanswered_before = false;
     if in_line && engine.waiters.any() && !waiter.try_lead() && !waiter.follow(deadline).await {
         return Err(Stop::TimedOut(TimeoutReason::Busy));
     }
@@ -412,6 +417,11 @@ async fn acquire_loop(
                     error
                 };
                 if classify(&error) == Failure::Permanent {
+                    if crate::acl::refused_before_running(&error) && !unanswered_before {
+                        // Refused before it ran (by the ACL), and every earlier attempt was
+                        // answered: nothing was taken, nothing is to undo.
+                        held.armed = false;
+                    }
                     return Err(Stop::Failed(error));
                 }
                 if error.details().starts_with(DEADLINE_REACHED) && remaining(deadline).is_zero() {
@@ -430,6 +440,7 @@ async fn acquire_loop(
                         .record(&settings.metrics, Event::TransientRetry);
                 }
                 tracing::debug!(%error, "transient failure while acquiring; retrying");
+                unanswered_before = true;
                 found.transient(error.to_string());
             }
             Err(OpError::PoolExhausted) => {
