@@ -99,6 +99,14 @@ pub(crate) fn parse_template(
     text: &str,
     scope: &Scope,
 ) -> Result<Vec<Segment>, Vec<TemplateError>> {
+    if text.is_empty() {
+        return Err(vec![TemplateError {
+            message: "empty key template: every call would lock the same empty key; name what \
+                      the lock protects, e.g. `key = \"account:{id}\"`"
+                .to_owned(),
+            range: 0..0,
+        }]);
+    }
     let mut segments: Vec<Segment> = Vec::new();
     let mut errors: Vec<TemplateError> = Vec::new();
     let mut literal = String::new();

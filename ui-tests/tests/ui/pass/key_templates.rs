@@ -54,11 +54,6 @@ async fn constant() -> anyhow::Result<()> {
     Ok(())
 }
 
-#[locked(key = "", wait = "2s")]
-async fn empty_key() -> anyhow::Result<()> {
-    Ok(())
-}
-
 pub struct Tenant {
     pub name: String,
 }
@@ -88,7 +83,6 @@ fn main() {
         raw_identifiers,
         patterns,
         constant,
-        empty_key,
     );
     let _ = Tenant::with_self;
 }
