@@ -35,12 +35,27 @@ impl Shape {
                 ret_span: output.span(),
             });
         }
-        Err(syn::Error::new(
-            sig.fn_token.span,
-            "`#[locked]` can only be applied to an `async fn`: add `async` before `fn` \
-             (the lock is held across the body's `.await`s)",
-        ))
+        let mut message = "`#[locked]` can only be applied to an `async fn`: add `async` before \
+                           `fn` (the lock is held across the body's `.await`s)"
+            .to_owned();
+        if runs_an_async_block(func) {
+            message.push_str(
+                "; if an attribute above `#[locked]` (such as `#[tokio::main]` or \
+                 `#[tokio::test]`) made it a plain fn that runs an async block, put `#[locked]` \
+                 above that attribute",
+            );
+        }
+        Err(syn::Error::new(sig.fn_token.span, message))
     }
+}
+
+/// Whether a plain fn's body binds an async block (`let body = async { ... };`), as
+/// `#[tokio::main]` and `#[tokio::test]` rewrite an `async fn`.
+fn runs_an_async_block(func: &ItemFn) -> bool {
+    func.block.stmts.iter().any(|stmt| {
+        matches!(stmt, Stmt::Local(local)
+            if local.init.as_ref().is_some_and(|init| matches!(&*init.expr, Expr::Async(_))))
+    })
 }
 
 /// `Output` of a `Pin<Box<dyn Future<Output = T> + ...>>` return type, as `#[async_trait]`
