@@ -77,7 +77,8 @@ impl Parse for RawArg {
             syn::Error::new(
                 error.span(),
                 "expected an argument name: `key`, `profile`, `wait`, `lease`, `namespace`, \
-                 `replica_ack`, `try_lock`, `client`, `hold_at_least` or `reentrant`",
+                 `replica_ack`, `try_lock`, `mode`, `permits`, `client`, `hold_at_least` or \
+                 `reentrant`",
             )
         })?;
         if input.is_empty() || input.peek(Token![,]) {

@@ -43,7 +43,7 @@ use proc_macro::TokenStream;
 ///
 /// | argument | value | default |
 /// |---|---|---|
-/// | `key` | a template such as `"account:{id}"`, or any expression whose value is a `KeyCodec` | required |
+/// | `key` | a template such as `"account:{id}"`, or any expression whose value is a `KeyCodec`; or `[k1, k2, ..]`, each a template or an expression: all of them at once, with the mutex (as `Locks::with_locks`) | required |
 /// | `profile` | name of a profile installed with `sage_lock::global::set_profiles`: its settings apply where the attribute gives none | none |
 /// | `wait` | how long to wait for a busy lock: `"150ms"`, `"2s"`, `"1m"`, `"1h"`, `"1m30s"` | required unless `try_lock` or `profile` |
 /// | `try_lock` | flag (or `= true` / `= false`): do not wait; `Ok(None)` when the lock is busy | off |
@@ -51,7 +51,9 @@ use proc_macro::TokenStream;
 /// | `namespace` | non-empty string | service default (`"lock"`) |
 /// | `replica_ack` | `true` / `false` (alone: `true`) | service default (`true`) |
 /// | `hold_at_least` | minimum hold from acquisition, e.g. `"30s"`: a body that ends sooner leaves the key held until then (scheduled jobs, with `try_lock`); `"0s"` is off; at most one year | off |
-/// | `reentrant` | `true` / `false` (alone: `true`): a call for a key the current task already holds runs at once under the held lease; one key only (not with `key = [..]`); `false` turns off a profile's | service default / profile (off: a nested call waits) |
+/// | `reentrant` | `true` / `false` (alone: `true`): a call for a key the current task already holds runs at once under the held lease; one key only (not with `key = [..]`); `false` turns off a profile's | the profile's, else off (a nested mutex call fails at once with `HeldByThisTask`) |
+/// | `mode` | `"read"` / `"write"`: a read-write lock's read or write lock (one key; not with `permits` or `profile`) | the mutex |
+/// | `permits` | `N >= 1`: a semaphore of N holders (one key; not with `mode` or `profile`) | the mutex |
 /// | `client` | an expression giving a `LockClient`, `&LockClient` or `Arc<LockClient>`, e.g. `self.locks` | the global client (`sage_lock::global`) |
 /// | `crate` | path to the sage-lock crate, for re-exports | `::sage_lock` |
 ///
@@ -60,7 +62,8 @@ use proc_macro::TokenStream;
 /// # Profiles
 ///
 /// `#[locked(profile = "account-updates", key = "account:{id}")]` takes its lease, wait,
-/// namespace and replica acknowledgement from the named profile when the function is called
+/// namespace, replica acknowledgement, `hold_at_least` and `reentrant` from the named profile
+/// when the function is called
 /// (configured by the service, with environment overrides; see `sage_lock::Profiles`); an
 /// argument written in the attribute overrides the profile's. An unknown profile, or no wait from
 /// either in waiting mode, is a `LockError::InvalidArgument` naming the profile and the fix;
@@ -103,7 +106,8 @@ use proc_macro::TokenStream;
 ///
 /// The rewritten function keeps its name, visibility, attributes, docs, generics, where-clauses,
 /// receiver and lifetimes, and works on free functions, inherent methods, `async fn` in trait
-/// impls and `#[async_trait]` impls, with `#[tracing::instrument]` before or after it. The key
+/// impls and `#[async_trait]` impls, with `#[tracing::instrument]` before or after it. Put it
+/// above `#[tokio::main]` or `#[tokio::test]`, which make the function a plain `fn`. The key
 /// is computed first, then the client, then the lock is acquired; the body runs as the same
 /// code, so `?` and `return` behave as before. The returned future is `Send` when the body is.
 /// Inside the body, `sage_lock::current_lease()` gives the lease (key, fencing token, time left).
