@@ -123,6 +123,8 @@ pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
     };
     let mut args = Args::default();
     let mut seen: Vec<String> = Vec::new();
+    // What the unknown arguments most likely mean: not reported missing as well.
+    let mut meant: Vec<&'static str> = Vec::new();
     let mut try_lock_flag: Option<(bool, Span)> = None;
     for arg in raw {
         let name = arg.name.unraw().to_string();
@@ -226,12 +228,15 @@ pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
             },
             "mode" => args.mode = crate::modes::mode(span, arg.value, errors),
             "permits" => args.permits = crate::modes::permits(span, arg.value, errors),
-            _ => errors.at(span, unknown_argument(&name)),
+            _ => {
+                meant.extend(crate::suggest::meant(&name));
+                errors.at(span, unknown_argument(&name));
+            }
         }
     }
     crate::modes::check(&args, errors);
     args.try_lock = try_lock_flag.is_some_and(|(on, _)| on);
-    if args.key.is_none() && !seen.iter().any(|name| name == "key") {
+    if args.key.is_none() && !seen.iter().any(|name| name == "key") && !meant.contains(&"key") {
         errors.at(
             Span::call_site(),
             "`#[locked]` needs a `key`: add `key = \"account:{id}\"` (a template naming the \
@@ -247,7 +252,10 @@ pub(crate) fn parse(tokens: TokenStream, errors: &mut Errors) -> Args {
         // With a profile, the wait may come from the profile (checked at run time).
         (None, flag)
             if !flag.is_some_and(|(on, _)| on)
-                && !seen.iter().any(|n| n == "wait" || n == "profile") =>
+                && !seen.iter().any(|n| n == "wait" || n == "profile")
+                && !meant
+                    .iter()
+                    .any(|n| matches!(*n, "wait" | "profile" | "try_lock")) =>
         {
             errors.at(
                 Span::call_site(),

@@ -90,8 +90,13 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 /// The error for an argument `#[locked]` does not have, with a hint when one is close.
+/// The argument an unknown `name` most likely means, if any.
+pub(crate) fn meant(name: &str) -> Option<&'static str> {
+    alias(name).or_else(|| closest(name, &NAMES))
+}
+
 pub(crate) fn unknown_argument(name: &str) -> String {
-    let suggestion = alias(name).or_else(|| closest(name, &NAMES));
+    let suggestion = meant(name);
     let known = "the arguments are `key`, `profile`, `wait`, `lease`, `namespace`, \
                  `replica_ack`, `try_lock`, `client`, `hold_at_least`, `reentrant`, `mode` and \
                  `permits`";
