@@ -392,6 +392,39 @@ mod tests {
         assert!(text.contains("did you mean `rediss-cluster://`"), "{text}");
     }
 
+    /// `node` means something only to a cluster or Sentinel URL, `sentinelServiceName` only to a
+    /// Sentinel URL: elsewhere fred ignores them (helper 29).
+    #[test]
+    fn parameters_of_another_scheme_are_refused() {
+        for (url, name) in [
+            ("redis://127.0.0.1:6379?node=127.0.0.1:6380", "node"),
+            (
+                "rediss://127.0.0.1:6379?sentinelServiceName=m",
+                "sentinelServiceName",
+            ),
+            (
+                "valkey://127.0.0.1:6379?sentinelServiceName=m",
+                "sentinelServiceName",
+            ),
+            (
+                "redis-cluster://127.0.0.1:7000?sentinelServiceName=m",
+                "sentinelServiceName",
+            ),
+        ] {
+            let text = refusal(url);
+            assert!(
+                text.contains(&format!("`{name}`")) && text.contains("only"),
+                "{url}: {text}"
+            );
+        }
+        for url in [
+            "redis-cluster://127.0.0.1:7000?node=127.0.0.1:7001",
+            "rediss-sentinel://127.0.0.1:26379?sentinelServiceName=m&node=127.0.0.1:26380",
+        ] {
+            assert_eq!(refusal(url), "accepted", "{url}");
+        }
+    }
+
     #[test]
     fn query_parameters_fred_would_ignore_are_refused() {
         let text = refusal("redis://127.0.0.1:6379?foo=bar");
