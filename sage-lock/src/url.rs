@@ -141,6 +141,29 @@ fn check_parameters(url: &str) -> Result<(), LockError> {
         .map(|pair| pair.split_once('=').map_or(pair, |(name, _)| name))
     {
         if PARAMETERS.contains(&name) {
+            let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+            let scheme = scheme.to_ascii_lowercase();
+            let sentinel = scheme.ends_with("-sentinel");
+            let wrong = match name {
+                "node" if !(sentinel || scheme.ends_with("-cluster")) => Some(
+                    "`node` (more addresses) means something only in a redis-cluster:// or \
+                     redis-sentinel:// URL",
+                ),
+                "sentinelServiceName" if !sentinel => Some(
+                    "`sentinelServiceName` means something only in a redis-sentinel:// URL",
+                ),
+                _ => None,
+            };
+            if let Some(wrong) = wrong {
+                return Err(LockError::invalid(
+                    "url",
+                    format!(
+                        "{}: {wrong}; this scheme's client would ignore it: remove it, or use \
+                         the scheme of that deployment",
+                        redact(url)
+                    ),
+                ));
+            }
             continue;
         }
         let message = if name.eq_ignore_ascii_case("sentinelUsername")
