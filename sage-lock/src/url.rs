@@ -149,9 +149,9 @@ fn check_parameters(url: &str) -> Result<(), LockError> {
                     "`node` (more addresses) means something only in a redis-cluster:// or \
                      redis-sentinel:// URL",
                 ),
-                "sentinelServiceName" if !sentinel => Some(
-                    "`sentinelServiceName` means something only in a redis-sentinel:// URL",
-                ),
+                "sentinelServiceName" if !sentinel => {
+                    Some("`sentinelServiceName` means something only in a redis-sentinel:// URL")
+                }
                 _ => None,
             };
             if let Some(wrong) = wrong {

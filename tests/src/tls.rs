@@ -61,6 +61,18 @@ impl Authority {
     /// A server certificate for `san` (e.g. `IP:127.0.0.1` or `DNS:localhost`) signed by this
     /// CA: `<name>.crt` and `<name>.key` in `dir`. Returns (certificate, key).
     pub fn issue(&self, dir: &Path, name: &str, san: &str) -> (PathBuf, PathBuf) {
+        self.issue_with(dir, name, san, Issue::Valid)
+    }
+
+    /// [`Authority::issue`], of the kind `issue` says: valid, expired, or an X.509 v1
+    /// certificate (no extensions, so no subject alternative name either).
+    pub fn issue_with(
+        &self,
+        dir: &Path,
+        name: &str,
+        san: &str,
+        issue: Issue,
+    ) -> (PathBuf, PathBuf) {
         let cert = dir.join(format!("{name}.crt"));
         let key = dir.join(format!("{name}.key"));
         let csr = dir.join(format!("{name}.csr"));
@@ -85,7 +97,8 @@ impl Authority {
              keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n"
         );
         fs::write(&ext, extensions).unwrap_or_else(|e| panic!("writing {}: {e}", ext.display()));
-        openssl(&[
+        let days = if issue == Issue::Expired { "-1" } else { "2" };
+        let mut args = vec![
             "x509",
             "-req",
             "-in",
@@ -96,14 +109,27 @@ impl Authority {
             path_str(&self.key),
             "-CAcreateserial",
             "-days",
-            "2",
-            "-extfile",
-            path_str(&ext),
+            days,
             "-out",
             path_str(&cert),
-        ]);
+        ];
+        if issue != Issue::Version1 {
+            args.extend(["-extfile", path_str(&ext)]);
+        }
+        openssl(&args);
         (cert, key)
     }
+}
+
+/// The kind of certificate [`Authority::issue_with`] makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Issue {
+    /// Valid for two days, X.509 v3 with the subject alternative name.
+    Valid,
+    /// Like `Valid`, but its validity ended a day ago.
+    Expired,
+    /// X.509 v1: no extensions.
+    Version1,
 }
 
 /// What a TLS server needs: its CA and a certificate for [`SERVER_SAN`]; plus a client
@@ -121,8 +147,13 @@ impl ServerCerts {
     /// A CA (`ca.crt`), a server certificate for [`SERVER_SAN`] (`server.crt`, `server.key`)
     /// and a client certificate (`client.crt`, `client.key`) in `dir`.
     pub fn generate(dir: &Path) -> ServerCerts {
+        ServerCerts::generate_with(dir, Issue::Valid)
+    }
+
+    /// [`ServerCerts::generate`], with a server certificate of kind `issue`.
+    pub fn generate_with(dir: &Path, issue: Issue) -> ServerCerts {
         let ca = Authority::generate(dir, "ca");
-        let (cert, key) = ca.issue(dir, "server", SERVER_SAN);
+        let (cert, key) = ca.issue_with(dir, "server", SERVER_SAN, issue);
         let (client_cert, client_key) = ca.issue(dir, "client", "DNS:sage-lock-test-client");
         ServerCerts {
             ca,

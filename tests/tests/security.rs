@@ -12,7 +12,7 @@ mod acl_denials;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use harness::tls::Authority;
+use harness::tls::{Authority, Issue};
 use harness::{Server, ServerConfig, ServerKind};
 use sage_lock::fred::interfaces::ClientLike as _;
 use sage_lock::{LockClient, LockError, LockOptions, Locks, current_lease};
@@ -211,6 +211,28 @@ async fn tls_wrong_host_name_is_a_clear_backend_error() {
     assert!(took < Duration::from_secs(5), "took {took:?}");
 }
 
+/// A server certificate that is expired, or X.509 v1 (which rustls refuses), was reported as
+/// "not signed by a trusted CA", though the CA was right (helper 29): each names its problem.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_expired_or_v1_server_certificates_are_named() {
+    for (issue, expected) in [
+        (Issue::Expired, ["expired", "clock"]),
+        (Issue::Version1, ["v1", "v3"]),
+    ] {
+        let server = Server::launch(ServerConfig::new(ServerKind::Redis).tls_presenting(issue));
+        let ca = server.tls_certs().expect("certificates").ca.cert.clone();
+        let builder = LockClient::builder().url(&server.tls_url()).tls_ca_file(ca);
+        let (error, took) = connect_fails(builder).await;
+        let text = error.to_string();
+        assert!(matches!(error, LockError::Backend { .. }), "{error:?}");
+        assert!(
+            expected.iter().all(|word| text.contains(word)) && !text.contains("not signed"),
+            "{issue:?}: {text}"
+        );
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plaintext_to_a_tls_port_fails_clearly() {
     let url = format!("redis://127.0.0.1:{}", tls_server().port());
@@ -403,8 +425,35 @@ async fn tls_client_certificate_input_errors_are_invalid_arguments() {
                 argument: "tls_client_cert",
                 ..
             }
-        ) && error.to_string().contains("cannot be used together"),
+        ) && error
+            .to_string()
+            .contains("does not belong to the certificate"),
         "{error:?}"
+    );
+    // An X.509 v1 client certificate (rustls refuses it; it was "cannot be used together" as a
+    // mismatched key is: helper 29).
+    let (v1, v1_key) = certs.ca.issue_with(
+        server.dir(),
+        "client-v1",
+        "DNS:sage-lock-test-client",
+        Issue::Version1,
+    );
+    let builder = LockClient::builder()
+        .url(&server.tls_url())
+        .tls_ca_file(&certs.ca.cert)
+        .tls_client_cert_file(&v1, &v1_key);
+    let (error, _) = connect_fails(builder).await;
+    let text = error.to_string();
+    assert!(
+        matches!(
+            error,
+            LockError::InvalidArgument {
+                argument: "tls_client_cert",
+                ..
+            }
+        ) && text.contains("v1")
+            && text.contains("v3"),
+        "{text}"
     );
 }
 

@@ -22,6 +22,8 @@ pub struct ServerConfig {
     pub tls: bool,
     /// With [`ServerConfig::tls`]: clients must present a certificate (`tls-auth-clients yes`).
     pub tls_auth_clients: bool,
+    /// With [`ServerConfig::tls`]: the kind of certificate the server presents.
+    pub tls_issue: crate::tls::Issue,
 }
 
 impl ServerConfig {
@@ -34,6 +36,7 @@ impl ServerConfig {
             cluster_bus: false,
             tls: false,
             tls_auth_clients: false,
+            tls_issue: crate::tls::Issue::Valid,
         }
     }
 
@@ -58,6 +61,13 @@ impl ServerConfig {
     /// ([`Server::cmd`](super::Server::cmd)) do not work on it: readiness is read from the log.
     pub fn tls(mut self) -> ServerConfig {
         self.tls = true;
+        self
+    }
+
+    /// [`ServerConfig::tls`], presenting a certificate of kind `issue` (expired, X.509 v1).
+    pub fn tls_presenting(mut self, issue: crate::tls::Issue) -> ServerConfig {
+        self.tls = true;
+        self.tls_issue = issue;
         self
     }
 

@@ -68,7 +68,9 @@ impl Server {
     pub fn launch(config: ServerConfig) -> Server {
         let binary = config.kind.binary();
         let dir = new_temp_dir(&config);
-        let tls = config.tls.then(|| ServerCerts::generate(&dir));
+        let tls = config
+            .tls
+            .then(|| ServerCerts::generate_with(&dir, config.tls_issue));
         let conf_path = dir.join(conf_file_name(&config));
         let mut conf = base_conf(&config, &dir);
         let auth_clients = config.tls_auth_clients;
