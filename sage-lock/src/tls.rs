@@ -114,10 +114,18 @@ impl TlsSettings {
             Some(identity) => {
                 let Identity { chain, key } = identity?;
                 builder.with_client_auth_cert(chain, key).map_err(|e| {
-                    LockError::invalid(
-                        "tls_client_cert",
-                        format!("the client certificate and key cannot be used together ({e})"),
-                    )
+                    let text = format!("{e:?}");
+                    let problem = if text.contains("UnsupportedCertVersion") {
+                        "the client certificate is an X.509 v1 certificate, which rustls \
+                         refuses: reissue it as v3 (with `openssl x509 -req`, give extensions \
+                         with -extfile)"
+                    } else if text.contains("KeyMismatch") {
+                        "the private key does not belong to the certificate: pass the key the \
+                         certificate was issued for"
+                    } else {
+                        "the client certificate and key cannot be used together"
+                    };
+                    LockError::invalid("tls_client_cert", format!("{problem} ({e})"))
                 })?
             }
         };
@@ -224,6 +232,13 @@ pub(crate) fn connect_hint(error: &Error, tls: bool) -> &'static str {
     ]) {
         "the server rejected the client certificate: it must be signed by a CA in the \
          server's tls-ca-cert-file (see tls_client_cert_file)"
+    } else if mentions(&["Expired", "NotValidYet"]) {
+        "TLS certificate verification failed: the server's certificate has expired, or is not \
+         valid yet: renew it (or check this machine's clock)"
+    } else if mentions(&["UnsupportedCertVersion"]) {
+        "TLS certificate verification failed: the server's certificate is an X.509 v1 \
+         certificate, which rustls refuses: reissue it as v3 (with `openssl x509 -req`, give \
+         extensions with -extfile, including the subject alternative names)"
     } else if mentions(&["NotValidForName", "NotValidForNameContext"]) {
         "TLS certificate verification failed: the server's certificate does not name the host \
          in the URL; connect by a host name or IP address listed in the certificate's subject \
