@@ -379,6 +379,33 @@ async fn acl_connect_failures_are_named() {
 /// Sentinels whose user lacks `+sentinel|replicas`: locks still work (the replica-count floor
 /// starts from `ROLE`), and the client says once, at `warn`, which permission to grant. Before,
 /// the denial was logged at `debug` only and the safety feature was lost silently (an audit).
+/// The data nodes know the user, the Sentinels do not: connecting said "is the server running
+/// and reachable? If it only accepts TLS ...", not the likeliest cause (helper 29).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_sentinels_refusing_the_credentials_are_named() {
+    for kind in ServerKind::ALL {
+        let setup = harness::shared_sentinel(kind);
+        let data: Vec<&Server> = setup.data.servers().collect();
+        let user = User::on(&data, &setup.url(), |rule| rule);
+        let error = match LockClient::builder()
+            .url(&user.url)
+            .command_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+        {
+            Ok(client) => {
+                client.quit().await;
+                panic!("{kind}: the Sentinels do not know the user");
+            }
+            Err(error) => error.to_string(),
+        };
+        assert!(
+            error.contains("Sentinel") && error.contains("credentials"),
+            "{kind}: {error}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acl_sentinel_without_replicas_warns_once() {
     use tracing::instrument::WithSubscriber as _;
