@@ -287,6 +287,16 @@ pub(crate) fn mismatch_hint(error: &fred::error::Error, database: Option<u8>) ->
              redis://"
                 .to_owned(),
         )
+    } else if details.contains("Failed to connect to all sentinel nodes") {
+        // fred keeps each Sentinel's own error to itself: name the likely causes.
+        Some(
+            "no Sentinel accepted the connection: are they running and reachable at these \
+             addresses (port 26379 by default)? Each Sentinel must also accept the URL's \
+             credentials (user and password), as the data nodes do (create the same ACL user \
+             on every Sentinel; see the README's \"Security: TLS and ACL\"); Sentinels that \
+             accept only TLS need rediss-sentinel://"
+                .to_owned(),
+        )
     } else if details.contains("Missing primary address in response from sentinel") {
         Some(
             "the Sentinels know no primary by the URL's service name: check \
