@@ -379,6 +379,51 @@ async fn acl_connect_failures_are_named() {
 /// Sentinels whose user lacks `+sentinel|replicas`: locks still work (the replica-count floor
 /// starts from `ROLE`), and the client says once, at `warn`, which permission to grant. Before,
 /// the denial was logged at `debug` only and the safety feature was lost silently (an audit).
+/// Without `+info`, connect still tells what a plain URL names, from `ROLE` and
+/// `CLUSTER INFO` (which the documented rule grants): a replica and a cluster node are refused,
+/// and a primary with replicas without `replicated(true)` is warned about. The checks were
+/// skipped without a word (helper 29).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_without_info_still_checks_the_node() {
+    use tracing::instrument::WithSubscriber as _;
+    for kind in ServerKind::ALL {
+        let replicated = harness::shared_replicated(kind);
+        let servers: Vec<&Server> = replicated.servers().collect();
+        let refused = |url: String| async move {
+            match LockClient::builder().url(&url).connect().await {
+                Ok(client) => {
+                    client.quit().await;
+                    format!("connected to {url}")
+                }
+                Err(error) => error.to_string(),
+            }
+        };
+        let at_replica = User::on(&servers, &replicated.replicas[0].url(), without(&["+info"]));
+        let text = refused(at_replica.url.clone()).await;
+        assert!(text.contains("is a replica"), "{kind}: {text}");
+
+        let cluster = harness::shared_cluster(kind);
+        let nodes: Vec<&Server> = cluster.nodes.iter().collect();
+        let at_node = User::on(&nodes, &cluster.nodes[0].url(), without(&["+info"]));
+        let text = refused(at_node.url.clone()).await;
+        assert!(text.contains("is a cluster node"), "{kind}: {text}");
+
+        let at_primary = User::on(&servers, &replicated.primary.url(), without(&["+info"]));
+        let captured = harness::Captured::default();
+        async {
+            let client = at_primary.client(false).await;
+            client.quit().await;
+        }
+        .with_subscriber(captured.warn_subscriber())
+        .await;
+        let logs = captured.text();
+        assert!(
+            logs.contains("is a primary with") && logs.contains("replicated(true)"),
+            "{kind}: {logs}"
+        );
+    }
+}
+
 /// The data nodes know the user, the Sentinels do not: connecting said "is the server running
 /// and reachable? If it only accepts TLS ...", not the likeliest cause (helper 29).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
