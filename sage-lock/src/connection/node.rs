@@ -82,11 +82,92 @@ pub(crate) struct NodeReport {
     pub(crate) delifeq: Option<bool>,
 }
 
+/// What the node check learned about the node a client reaches.
+#[derive(Default)]
+struct NodeFacts {
+    cluster: bool,
+    sentinel: bool,
+    /// A replica, with its primary's address when known (`host:port`).
+    replica_of: Option<Option<String>>,
+    /// A primary's connected replicas.
+    replicas: Option<u64>,
+}
+
+impl NodeFacts {
+    /// From `INFO`'s fields.
+    fn from_info(info: &str) -> Self {
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
+        };
+        let replica_of = matches!(field("role"), Some("slave" | "replica")).then(|| {
+            match (field("master_host"), field("master_port")) {
+                (Some(host), Some(port)) => Some(format!("{host}:{port}")),
+                _ => None,
+            }
+        });
+        NodeFacts {
+            cluster: field("cluster_enabled") == Some("1"),
+            sentinel: field("redis_mode") == Some("sentinel")
+                || field("server_mode") == Some("sentinel"),
+            replica_of,
+            replicas: field("connected_slaves").and_then(|n| n.parse().ok()),
+        }
+    }
+
+    /// From `ROLE` and `CLUSTER INFO`, for a user whose ACL denies `INFO` (the documented rule
+    /// grants both); `None` when neither is answered.
+    async fn without_info(client: &Client, timeout: Duration) -> Option<Self> {
+        use fred::interfaces::ClientLike as _;
+        use fred::types::{ClusterHash, CustomCommand, Value};
+        let ask = |command: &'static str, args: Vec<Value>| {
+            let command = CustomCommand::new_static(command, ClusterHash::Random, false);
+            tokio::time::timeout(timeout, client.custom::<Value, Value>(command, args))
+        };
+        let role = match ask("ROLE", Vec::new()).await {
+            Ok(Ok(Value::Array(items))) => Some(items),
+            _ => None,
+        };
+        // A server without cluster support refuses `CLUSTER INFO` ("cluster support disabled").
+        let cluster = match ask("CLUSTER", vec![Value::from("INFO")]).await {
+            Ok(Ok(_)) => Some(true),
+            Ok(Err(error)) if error.details().contains("cluster support disabled") => Some(false),
+            _ => None,
+        };
+        if role.is_none() && cluster.is_none() {
+            return None;
+        }
+        let role = role.unwrap_or_default();
+        let text = |at: usize| role.get(at).and_then(Value::as_string);
+        let name = text(0);
+        // `["slave", host, port, state, offset]`, `["master", offset, [[ip, port, offset]..]]`.
+        let replica_of = matches!(name.as_deref(), Some("slave" | "replica")).then(|| {
+            match (text(1), text(2)) {
+                (Some(host), Some(port)) => Some(format!("{host}:{port}")),
+                _ => None,
+            }
+        });
+        let replicas = match role.get(2) {
+            Some(Value::Array(list)) if matches!(name.as_deref(), Some("master")) => {
+                u64::try_from(list.len()).ok()
+            }
+            _ => None,
+        };
+        Some(NodeFacts {
+            cluster: cluster == Some(true),
+            sentinel: name.as_deref() == Some("sentinel"),
+            replica_of,
+            replicas,
+        })
+    }
+}
+
 /// Why no lock can be taken on the node `client` reaches through a plain configuration (or
 /// the primary one Sentinel named), if that is so: a cluster node (as a standalone client it
 /// would reach only that node's slots, `MOVED` for every other key, and scan one node), a
 /// Sentinel (it runs no scripts) and, given directly, a replica (`READONLY` for every write).
-/// A server that refuses `INFO` (an ACL without it) is let through. A primary with replicas
+/// A server that refuses `INFO` (an ACL without it) is asked `ROLE` and `CLUSTER INFO`
+/// instead; one that refuses those too is let through with a warning. A primary with replicas
 /// that the client does not treat as `replicated` is let through with a warning: its locks do
 /// not wait for replica acknowledgement.
 pub(crate) async fn wrong_node_problem(
@@ -96,47 +177,55 @@ pub(crate) async fn wrong_node_problem(
     timeout: Duration,
 ) -> Result<NodeReport, Unanswered> {
     use fred::interfaces::ClientLike as _;
-    let info = match tokio::time::timeout(timeout, client.info::<String>(None)).await {
-        Ok(Ok(info)) => info,
-        // An ACL without `INFO`: answered, and nothing to learn.
+    let (facts, delifeq) = match tokio::time::timeout(timeout, client.info::<String>(None)).await {
+        Ok(Ok(info)) => (
+            NodeFacts::from_info(&info),
+            Some(super::delifeq::has_delifeq(&info)),
+        ),
+        // An ACL without `INFO`: ask what the rule grants.
         Ok(Err(error)) if error.details().contains("NOPERM") => {
-            return Ok(NodeReport {
-                problem: None,
-                delifeq: None,
-            });
+            let facts = match NodeFacts::without_info(client, timeout).await {
+                Some(facts) => facts,
+                None => {
+                    tracing::warn!(
+                        "the ACL denies INFO, ROLE and CLUSTER INFO, so sage-lock cannot check \
+                         what {target} is (a replica or a cluster node behind a plain URL \
+                         fails every lock later); grant +info (see the README's \"Security: \
+                         TLS and ACL\")"
+                    );
+                    NodeFacts::default()
+                }
+            };
+            (facts, None)
         }
         _ => return Err(Unanswered),
     };
-    let delifeq = Some(super::delifeq::has_delifeq(&info));
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
-    };
-    let problem = if field("cluster_enabled") == Some("1") {
+    let problem = if facts.cluster {
         format!(
             "{target} is a cluster node: connect with redis-cluster://host:port (any node's \
              address; the client finds the others), or rediss-cluster:// for TLS"
         )
-    } else if field("redis_mode") == Some("sentinel") || field("server_mode") == Some("sentinel") {
+    } else if facts.sentinel {
         format!(
             "{target} is a Sentinel, which runs no locks: connect through it with \
              redis-sentinel://host:port?sentinelServiceName=NAME (the Sentinels' addresses; \
              they name the primary of the service NAME)"
         )
-    } else if matches!(field("role"), Some("slave" | "replica"))
-        && !matches!(client.client_config().server, ServerConfig::Sentinel { .. })
+    } else if let Some(primary) = facts
+        .replica_of
+        .as_ref()
+        .filter(|_| !matches!(client.client_config().server, ServerConfig::Sentinel { .. }))
     {
-        let primary = match (field("master_host"), field("master_port")) {
-            (Some(host), Some(port)) => format!(" of {host}:{port}"),
-            _ => String::new(),
-        };
+        let primary = primary
+            .as_ref()
+            .map(|primary| format!(" of {primary}"))
+            .unwrap_or_default();
         format!(
             "{target} is a replica{primary}, which refuses writes: connect to the primary, or \
              through Sentinel (redis-sentinel://) to follow failovers"
         )
     } else {
-        let replicas = field("connected_slaves").and_then(|n| n.parse::<u64>().ok());
-        if !replicated && let Some(replicas @ 1..) = replicas {
+        if !replicated && let Some(replicas @ 1..) = facts.replicas {
             tracing::warn!(
                 replicas,
                 "{target} is a primary with {replicas} replicas, but this client treats it as a \
