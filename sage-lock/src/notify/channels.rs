@@ -24,6 +24,8 @@ pub(super) struct Shared {
     /// Releases waiters found by polling, though subscribed, since the last message came (see
     /// [`Watch::missed_release`](super::Watch::missed_release)).
     pub(super) missed: std::sync::atomic::AtomicU32,
+    /// An ACL denied an `SSUBSCRIBE` (warned about once per client).
+    pub(super) denied: std::sync::atomic::AtomicBool,
 }
 
 /// One watched channel.
@@ -48,6 +50,8 @@ pub(super) struct Channel {
     pub(super) requested: bool,
     /// When the last watch left.
     pub(super) idle_since: Instant,
+    /// An ACL denied its `SSUBSCRIBE`: not sent again before then (its waiters poll).
+    pub(super) denied_until: Option<Instant>,
 }
 
 /// One live [`Watch`](super::Watch): its waiter's token, how to wake it, and the grant a release handed it.
@@ -65,6 +69,15 @@ pub(super) fn is_subscribed(shared: &Shared, channel: &[u8]) -> bool {
         .channels
         .lock()
         .is_ok_and(|c| c.get(channel).is_some_and(|e| e.subscribed))
+}
+
+/// Until when `channel`'s `SSUBSCRIBE` is not to be sent again (an ACL denied it).
+pub(super) fn denied_until(shared: &Shared, channel: &[u8]) -> Option<Instant> {
+    shared
+        .channels
+        .lock()
+        .ok()
+        .and_then(|c| c.get(channel).and_then(|e| e.denied_until))
 }
 
 /// Records that an `SSUBSCRIBE` for `channel` is about to be sent (see [`Channel::requested`]).

@@ -42,11 +42,14 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use channels::{
-    Channel, Shared, Watcher, deliver, forget_subscriptions, is_subscribed, mark_requested,
-    named_recently,
+    Channel, Shared, Watcher, deliver, denied_until, forget_subscriptions, is_subscribed,
+    mark_requested, named_recently,
 };
 use listener::spawn_listener;
 pub(crate) use message::{Grant, channel};
+
+/// How long a channel whose `SSUBSCRIBE` an ACL denied is left unasked (its waiters poll).
+const DENIAL_BACKOFF: Duration = Duration::from_secs(30);
 
 /// How many releases found by polling, with no message in between, make the subscriber
 /// connection reconnect (see [`Watch::missed_release`]).
@@ -140,6 +143,7 @@ impl Notifier {
                 subscribed: false,
                 requested: false,
                 idle_since: Instant::now(),
+                denied_until: None,
             });
             let mut grant = None;
             if let Some(named) = named_recently(entry, &token) {
@@ -350,6 +354,10 @@ impl Watch<'_> {
         if is_subscribed(shared, &self.channel) && self.notifier.live_subscriber().is_some() {
             return Subscribed::Already;
         }
+        if denied_until(shared, &self.channel).is_some_and(|until| Instant::now() < until) {
+            // Denied by the ACL a moment ago: poll, without asking again on every attempt.
+            return Subscribed::Unavailable;
+        }
         let Some(subscriber) = self.notifier.subscriber(deadline).await else {
             return Subscribed::Unavailable;
         };
@@ -367,15 +375,37 @@ impl Watch<'_> {
                 Subscribed::New
             }
             Ok(Err(error)) => {
-                let hint = if error.details().starts_with("NOPERM") {
-                    " (grant ssubscribe and the channel to the ACL user)"
+                if error.details().starts_with("NOPERM") {
+                    self.denied(&error);
                 } else {
-                    ""
-                };
-                tracing::debug!(%error, "SSUBSCRIBE failed; waiters poll{hint}");
+                    tracing::debug!(%error, "SSUBSCRIBE failed; waiters poll");
+                }
                 Subscribed::Unavailable
             }
             Err(_) => Subscribed::Unavailable,
+        }
+    }
+
+    /// An ACL denied the channel's `SSUBSCRIBE`: its waiters poll, and it is not asked again
+    /// for [`DENIAL_BACKOFF`]; the first denial of the client is warned about.
+    fn denied(&self, error: &fred::error::Error) {
+        let shared = &self.notifier.shared;
+        if let Ok(mut channels) = shared.channels.lock()
+            && let Some(entry) = channels.get_mut(&self.channel)
+        {
+            entry.denied_until = Some(Instant::now() + DENIAL_BACKOFF);
+        }
+        if shared.denied.swap(true, Ordering::AcqRel) {
+            tracing::debug!(%error, "SSUBSCRIBE denied; waiters poll");
+        } else {
+            tracing::warn!(
+                channel = %String::from_utf8_lossy(&self.channel),
+                %error,
+                "the ACL denies SSUBSCRIBE on this client's release channels: its waiters \
+                 poll (a hand-off reaches them up to 500 ms later) instead of being woken by \
+                 releases; grant +ssubscribe and the channels &{{NAMESPACE:*}}:released (see the \
+                 README's \"Security: TLS and ACL\")"
+            );
         }
     }
 

@@ -273,6 +273,7 @@ async fn acl_denied_subscription_warns_once_and_is_not_retried_every_poll() {
             .filter(|entry| entry.contains("\"channel\""))
             .map(|entry| acl_log_count(entry))
             .sum();
+        println!("{kind}: {denied} channel denials in ACL LOG");
         assert!(
             (1..=2).contains(&denied),
             "{kind}: {denied} channel denials in ACL LOG"
