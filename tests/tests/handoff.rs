@@ -111,10 +111,11 @@ async fn a_release_hands_the_lock_over_without_an_acquire_round_trip() {
                 after.handoffs - before.handoffs,
                 after.busy_retries - before.busy_retries
             );
-            assert_eq!(
-                fence,
-                first_fence + 1,
-                "{}: the next fencing token",
+            // The hand-off's token; one more if the waiter's own poll confirmed the hand-off
+            // (a repeated grant takes a token of its own).
+            assert!(
+                fence == first_fence + 1 || fence == first_fence + 2,
+                "{}: the next fencing token: {first_fence} -> {fence}",
                 kind.name()
             );
             // Round 0 may also load the release script (EVALSHA, NOSCRIPT, then EVAL). The
@@ -189,10 +190,10 @@ async fn a_with_locks_caller_of_one_key_is_handed_it() {
             stats.handoffs,
             stats.losses
         );
-        assert_eq!(
-            fence,
-            first_fence + 1,
-            "{}: the next fencing token",
+        // The hand-off's token (one more if a poll confirmed the hand-off).
+        assert!(
+            fence == first_fence + 1 || fence == first_fence + 2,
+            "{}: the next fencing token: {first_fence} -> {fence}",
             kind.name()
         );
         assert_eq!(
@@ -382,7 +383,12 @@ async fn a_stale_grant_message_is_ignored() {
         holder.release.send(()).expect("release");
         holder.done.await.expect("holder task");
         let (fence, _) = waiter.fence.await.expect("waiter runs after the release");
-        assert_eq!(fence, holder_fence + 1, "{}", kind.name());
+        // The hand-off's token (one more if a poll confirmed the hand-off).
+        assert!(
+            fence == holder_fence + 1 || fence == holder_fence + 2,
+            "{}: {holder_fence} -> {fence}",
+            kind.name()
+        );
         waiter.release.send(()).expect("release");
         waiter.done.await.expect("waiter task");
         for client in [a, b] {
@@ -757,7 +763,11 @@ async fn a_waiter_that_lost_a_hand_off_is_handed_the_lock_again_at_once() {
         let (fence, entered_at) = entered.await.expect("the waiter entered");
         let late = entered_at.saturating_duration_since(released_at);
         println!("{name}: handed the lock again, the waiter entered {late:?} after the release");
-        assert_eq!(fence, second_fence + 1, "{name}: the next fencing token");
+        // The hand-off's token (one more if a poll confirmed the hand-off).
+        assert!(
+            fence == second_fence + 1 || fence == second_fence + 2,
+            "{name}: the next fencing token: {second_fence} -> {fence}"
+        );
         late_by_kind.push((name, late));
         waiter_thread.join().expect("waiter thread");
         for client in [holding, taking] {
