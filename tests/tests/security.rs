@@ -72,6 +72,22 @@ async fn connect_fails(builder: sage_lock::LockClientBuilder) -> (LockError, Dur
     }
 }
 
+/// Connects with `builder`, which must be refused as an invalid `argument` with a message
+/// holding every one of `expected`.
+async fn assert_invalid(
+    builder: sage_lock::LockClientBuilder,
+    argument: &'static str,
+    expected: &[&str],
+) {
+    let (error, _) = connect_fails(builder).await;
+    let text = error.to_string();
+    assert!(
+        matches!(&error, LockError::InvalidArgument { argument: named, .. } if *named == argument)
+            && expected.iter().all(|part| text.contains(part)),
+        "expected {argument}, {expected:?}: {error:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_verified_server_serves_every_lock_operation() {
     let client = tls_client().await;
@@ -278,18 +294,7 @@ async fn tls_ca_input_errors_are_invalid_arguments() {
         ),
     ];
     for (builder, expected) in cases {
-        let (error, _) = connect_fails(builder).await;
-        let text = error.to_string();
-        assert!(
-            matches!(
-                error,
-                LockError::InvalidArgument {
-                    argument: "tls_ca",
-                    ..
-                }
-            ) && text.contains(expected),
-            "expected {expected:?}: {text}"
-        );
+        assert_invalid(builder, "tls_ca", &[expected]).await;
     }
 }
 
@@ -399,37 +404,19 @@ async fn tls_client_certificate_input_errors_are_invalid_arguments() {
         ),
     ];
     for (builder, expected) in cases {
-        let (error, _) = connect_fails(builder).await;
-        let text = error.to_string();
-        assert!(
-            matches!(
-                error,
-                LockError::InvalidArgument {
-                    argument: "tls_client_cert",
-                    ..
-                }
-            ) && text.contains(expected),
-            "expected {expected:?}: {text}"
-        );
+        assert_invalid(builder, "tls_client_cert", &[expected]).await;
     }
     // A key that does not belong to the certificate.
     let builder = LockClient::builder()
         .url(&server.tls_url())
         .tls_ca_file(&certs.ca.cert)
         .tls_client_cert_file(&certs.client_cert, &certs.key);
-    let (error, _) = connect_fails(builder).await;
-    assert!(
-        matches!(
-            error,
-            LockError::InvalidArgument {
-                argument: "tls_client_cert",
-                ..
-            }
-        ) && error
-            .to_string()
-            .contains("does not belong to the certificate"),
-        "{error:?}"
-    );
+    assert_invalid(
+        builder,
+        "tls_client_cert",
+        &["does not belong to the certificate"],
+    )
+    .await;
     // An X.509 v1 client certificate (rustls refuses it; it was "cannot be used together" as a
     // mismatched key is: helper 29).
     let (v1, v1_key) = certs.ca.issue_with(
@@ -442,19 +429,7 @@ async fn tls_client_certificate_input_errors_are_invalid_arguments() {
         .url(&server.tls_url())
         .tls_ca_file(&certs.ca.cert)
         .tls_client_cert_file(&v1, &v1_key);
-    let (error, _) = connect_fails(builder).await;
-    let text = error.to_string();
-    assert!(
-        matches!(
-            error,
-            LockError::InvalidArgument {
-                argument: "tls_client_cert",
-                ..
-            }
-        ) && text.contains("v1")
-            && text.contains("v3"),
-        "{text}"
-    );
+    assert_invalid(builder, "tls_client_cert", &["v1", "v3"]).await;
 }
 
 /// The Valkey binary `scripts/setup.sh` installs has no TLS: it refuses `--tls-port`. If this

@@ -80,6 +80,16 @@ impl User {
         }
     }
 
+    /// The user on the data nodes of a Sentinel deployment (not on its Sentinels),
+    /// connecting through the Sentinels' URL.
+    pub(crate) fn behind_sentinels(
+        setup: &harness::SentinelSetup,
+        change: impl Fn(Vec<String>) -> Vec<String>,
+    ) -> User {
+        let data: Vec<&Server> = setup.data.servers().collect();
+        User::on(&data, &setup.url(), change)
+    }
+
     pub(crate) async fn client(&self, replicated: bool) -> LockClient {
         if self.resp3 {
             use sage_lock::fred::types::config::Config;
@@ -133,6 +143,11 @@ fn valkey_extras(servers: &[&Server]) -> impl Fn(Vec<String>) -> Vec<String> {
         }
         rule
     }
+}
+
+/// The rule without any channel permission (its `&...` words).
+pub(crate) fn without_channels() -> impl Fn(Vec<String>) -> Vec<String> {
+    |rule: Vec<String>| rule.into_iter().filter(|w| !w.starts_with('&')).collect()
 }
 
 pub(crate) fn without(words: &[&str]) -> impl Fn(Vec<String>) -> Vec<String> {

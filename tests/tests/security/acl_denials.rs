@@ -7,7 +7,18 @@ use std::time::{Duration, Instant};
 use harness::{Server, ServerKind};
 use sage_lock::{LockClient, LockError, Locks, LossReason};
 
-use crate::acl::{PASSWORD, User, set_user, without};
+use crate::acl::{PASSWORD, User, set_user, without, without_channels};
+
+/// Connects with `builder` and returns the error's text, or says that it connected.
+async fn connect_error(builder: sage_lock::LockClientBuilder) -> String {
+    match builder.connect().await {
+        Ok(client) => {
+            client.quit().await;
+            "connected, but should have been refused".to_owned()
+        }
+        Err(error) => error.to_string(),
+    }
+}
 
 /// Runs a `with_lock` as a user whose rule was changed by `change`; returns its error text.
 async fn with_lock_error(
@@ -235,16 +246,10 @@ async fn acl_denied_subscription_warns_once_and_is_not_retried_every_poll() {
     use tracing::instrument::WithSubscriber as _;
     for kind in ServerKind::ALL {
         let server = harness::shared(kind);
-        let user = User::new(server, |rule| {
-            rule.into_iter().filter(|w| !w.starts_with('&')).collect()
-        });
+        let user = User::new(server, without_channels());
         let (holder, waiter) = (user.client(false).await, user.client(false).await);
-        let lease = Duration::from_secs(5);
-        let by_hand = holder
-            .lock_with::<String>(user.options(lease))
-            .expect("options");
-        let (release, held) = harness::hold_by_hand(&by_hand, "c").await;
-        let locks: Locks<str> = waiter.lock_with(user.options(lease)).expect("options");
+        let (release, held) = hold_c(&user, &holder).await;
+        let locks: Locks<str> = waiter.lock_with(user.options(LEASE)).expect("options");
         let captured = harness::Captured::default();
         let waiting = tokio::spawn(
             async move { locks.with_lock("c", Duration::from_secs(5), async {}).await }
@@ -281,6 +286,23 @@ async fn acl_denied_subscription_warns_once_and_is_not_retried_every_poll() {
     }
 }
 
+/// The lease of the channel-denial tests' locks.
+const LEASE: Duration = Duration::from_secs(5);
+
+/// Holds the key `c` in `user`'s namespace through `client` until the sender is used.
+async fn hold_c(
+    user: &User,
+    client: &LockClient,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let by_hand = client
+        .lock_with::<String>(user.options(LEASE))
+        .expect("options");
+    harness::hold_by_hand(&by_hand, "c").await
+}
+
 /// The `count` of one `ACL LOG` entry (as [`User::denials`] renders it), 1 if not found.
 fn acl_log_count(entry: &str) -> u64 {
     entry
@@ -303,16 +325,10 @@ fn acl_log_count(entry: &str) -> u64 {
 async fn acl_without_channels_waiters_fall_back_to_polling() {
     for kind in ServerKind::ALL {
         let server = harness::shared(kind);
-        let user = User::new(server, |rule| {
-            rule.into_iter().filter(|w| !w.starts_with('&')).collect()
-        });
+        let user = User::new(server, without_channels());
         let client = user.client(false).await;
-        let lease = Duration::from_secs(5);
-        let by_hand = client
-            .lock_with::<String>(user.options(lease))
-            .expect("options");
-        let locks: Locks<str> = client.lock_with(user.options(lease)).expect("options");
-        let (release, holder) = harness::hold_by_hand(&by_hand, "c").await;
+        let locks: Locks<str> = client.lock_with(user.options(LEASE)).expect("options");
+        let (release, holder) = hold_c(&user, &client).await;
         let waiter = {
             let locks = locks.clone();
             tokio::spawn(async move {
@@ -446,9 +462,6 @@ async fn acl_connect_failures_are_named() {
     }
 }
 
-/// Sentinels whose user lacks `+sentinel|replicas`: locks still work (the replica-count floor
-/// starts from `ROLE`), and the client says once, at `warn`, which permission to grant. Before,
-/// the denial was logged at `debug` only and the safety feature was lost silently (an audit).
 /// Without `+info`, connect still tells what a plain URL names, from `ROLE` and
 /// `CLUSTER INFO` (which the documented rule grants): a replica and a cluster node are refused,
 /// and a primary with replicas without `replicated(true)` is warned about. The checks were
@@ -459,23 +472,14 @@ async fn acl_without_info_still_checks_the_node() {
     for kind in ServerKind::ALL {
         let replicated = harness::shared_replicated(kind);
         let servers: Vec<&Server> = replicated.servers().collect();
-        let refused = |url: String| async move {
-            match LockClient::builder().url(&url).connect().await {
-                Ok(client) => {
-                    client.quit().await;
-                    format!("connected to {url}")
-                }
-                Err(error) => error.to_string(),
-            }
-        };
         let at_replica = User::on(&servers, &replicated.replicas[0].url(), without(&["+info"]));
-        let text = refused(at_replica.url.clone()).await;
+        let text = connect_error(LockClient::builder().url(&at_replica.url)).await;
         assert!(text.contains("is a replica"), "{kind}: {text}");
 
         let cluster = harness::shared_cluster(kind);
         let nodes: Vec<&Server> = cluster.nodes.iter().collect();
         let at_node = User::on(&nodes, &cluster.nodes[0].url(), without(&["+info"]));
-        let text = refused(at_node.url.clone()).await;
+        let text = connect_error(LockClient::builder().url(&at_node.url)).await;
         assert!(text.contains("is a cluster node"), "{kind}: {text}");
 
         let at_primary = User::on(&servers, &replicated.primary.url(), without(&["+info"]));
@@ -499,21 +503,13 @@ async fn acl_without_info_still_checks_the_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acl_sentinels_refusing_the_credentials_are_named() {
     for kind in ServerKind::ALL {
-        let setup = harness::shared_sentinel(kind);
-        let data: Vec<&Server> = setup.data.servers().collect();
-        let user = User::on(&data, &setup.url(), |rule| rule);
-        let error = match LockClient::builder()
-            .url(&user.url)
-            .command_timeout(Duration::from_secs(2))
-            .connect()
-            .await
-        {
-            Ok(client) => {
-                client.quit().await;
-                panic!("{kind}: the Sentinels do not know the user");
-            }
-            Err(error) => error.to_string(),
-        };
+        let user = User::behind_sentinels(harness::shared_sentinel(kind), |rule| rule);
+        let error = connect_error(
+            LockClient::builder()
+                .url(&user.url)
+                .command_timeout(Duration::from_secs(2)),
+        )
+        .await;
         assert!(
             error.contains("Sentinel") && error.contains("credentials"),
             "{kind}: {error}"
@@ -521,13 +517,15 @@ async fn acl_sentinels_refusing_the_credentials_are_named() {
     }
 }
 
+/// Sentinels whose user lacks `+sentinel|replicas`: locks still work (the replica-count floor
+/// starts from `ROLE`), and the client says once, at `warn`, which permission to grant. Before,
+/// the denial was logged at `debug` only and the safety feature was lost silently (an audit).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acl_sentinel_without_replicas_warns_once() {
     use tracing::instrument::WithSubscriber as _;
     for kind in ServerKind::ALL {
         let setup = harness::shared_sentinel(kind);
-        let data: Vec<&Server> = setup.data.servers().collect();
-        let user = User::on(&data, &setup.url(), |rule| rule);
+        let user = User::behind_sentinels(setup, |rule| rule);
         for sentinel in &setup.sentinels {
             set_user(
                 sentinel,
