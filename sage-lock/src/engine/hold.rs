@@ -33,6 +33,7 @@ pub(crate) async fn hold<F: Future>(
     held.renewal = Some(held.engine.renewer.register(renewal, lost_tx));
     // From here on (the body may run) a release keeps the minimum hold, cancellation included.
     held.hold_at_least = settings.hold_at_least;
+    held.body_started = true;
     let body = scope(held.lease.clone(), body);
     let body = reentry::scope(
         &held.engine,
@@ -45,7 +46,7 @@ pub(crate) async fn hold<F: Future>(
         biased;
         reason = lost_rx => {
             let reason = reason.unwrap_or(LossReason::RenewalFailed("renewal task ended".into()));
-            Err(Box::pin(held.lost(reason)).instrument(span).await)
+            Err(Box::pin(held.lost(reason, None)).instrument(span).await)
         }
         () = lease_ran_out(&held.lease, settings.lease) => {
             // The renewer did not report in time (its task starved or gone): never let the body
@@ -54,7 +55,7 @@ pub(crate) async fn hold<F: Future>(
                 || crate::renewal::unrenewed(&held.engine.conn),
                 Registration::into_loss,
             );
-            Err(Box::pin(held.lost(reason)).instrument(span).await)
+            Err(Box::pin(held.lost(reason, None)).instrument(span).await)
         }
         output = body => {
             Box::pin(held.release()).instrument(span).await;
@@ -112,6 +113,11 @@ pub(crate) struct Held {
     pub(crate) uncontended: bool,
     /// The fencing token of each key of a several-key unit, in the unit's order (else empty).
     pub(crate) part_fences: Vec<u64>,
+    /// The body may have run: the hold counts in the hold-time metric, and a release that
+    /// finds the key gone reports a loss.
+    pub(crate) body_started: bool,
+    /// A release of this hold was sent (it may have run even if its call was dropped).
+    pub(crate) release_sent: bool,
 }
 
 impl Held {
@@ -133,57 +139,46 @@ impl Held {
     /// Releases the hold, taking at most [`RELEASE_TIMEOUT`].
     pub(crate) async fn release(mut self) {
         self.stop_renewal();
-        // Stay armed until done: dropped mid-release, the release finishes in the background.
-        let released = release_now(
-            &self.engine,
-            &*self.rules,
-            &self.keys,
-            &self.token,
-            &self.metrics,
-            self.handoff_lease,
-            self.keep_for(),
-            self.granted_by.as_ref(),
-            self.uncontended,
-            false,
-        )
-        .await;
-        self.armed = false;
+        // Held until the body ended, not until the server answered the release.
         let held = self.lease.held_for();
+        // Stay armed until done: dropped mid-release, the release finishes in the background.
+        self.release_sent = true;
+        let released = self.release_of().run().await;
+        self.armed = false;
         self.metrics.held(held);
-        if released == Released::NotOurs {
-            // The body ran to its end, but the lock was lost before it did, unnoticed until now
-            // (its next renewal had not come): say so, as a loss.
-            self.engine.conn.stats.record(&self.metrics, Event::Loss);
-            tracing::warn!(
-                key = %self.keys.display(),
-                namespace = %self.namespace,
-                ?held,
-                "lock lost before its release: the body ended, but the key no longer held this \
-                 owner's token (expired, force-unlocked or deleted): another owner may have \
-                 held it meanwhile (a store checking fencing tokens rejects this holder's \
-                 writes made after that)"
-            );
-        } else {
-            tracing::debug!(?held, "lock released");
+        match released {
+            Released::NotOurs => self.release_of().lost_before_release(held),
+            Released::Removed => tracing::debug!(?held, "lock released"),
+            Released::Unsettled => {}
+        }
+    }
+
+    /// The release of this hold's token, as things stand.
+    fn release_of(&self) -> Release {
+        Release {
+            engine: Arc::clone(&self.engine),
+            rules: Arc::clone(&self.rules),
+            keys: Arc::clone(&self.keys),
+            namespace: Arc::clone(&self.namespace),
+            token: self.token.clone(),
+            fence: self.lease.fencing_token(),
+            metrics: Arc::clone(&self.metrics),
+            handoff_lease: self.handoff_lease,
+            keep_for: self.keep_for(),
+            granted_by: self.granted_by.clone(),
+            plain: self.uncontended,
+            // Never granted (fencing tokens start at 1): the acquisition was cut short.
+            undo: self.lease.fencing_token() == 0,
+            sent_before: self.release_sent,
         }
     }
 
     /// Gives up an acquisition: an attempt whose reply was lost may still have been granted, so
     /// remove the hold if it is ours (bounded by [`RELEASE_TIMEOUT`]).
     pub(crate) async fn abandon(mut self) {
-        release_now(
-            &self.engine,
-            &*self.rules,
-            &self.keys,
-            &self.token,
-            &self.metrics,
-            self.handoff_lease,
-            None,
-            self.granted_by.as_ref(),
-            false,
-            true,
-        )
-        .await;
+        let mut undo = self.release_of();
+        (undo.keep_for, undo.plain, undo.undo) = (None, false, true);
+        undo.run().await;
         self.armed = false;
     }
 
@@ -191,7 +186,7 @@ impl Held {
     /// background (counted for `quit`), and this waits for it at most [`ABANDON_WAIT`], so a
     /// server that stopped answering does not hold the caller past its wait.
     pub(crate) async fn abandon_in_background(mut self) {
-        let undo = release_in_background(&self);
+        let undo = release_in_background(&self, None);
         self.armed = false;
         if let Some(undo) = undo {
             let _ = tokio::time::timeout(ABANDON_WAIT, undo).await;
@@ -208,7 +203,7 @@ impl Held {
             .into_iter()
             .filter_map(|mut held| {
                 held.stop_renewal();
-                let release = release_in_background(&held);
+                let release = release_in_background(&held, None);
                 held.armed = false;
                 release
             })
@@ -219,8 +214,13 @@ impl Held {
     }
 
     /// Records a loss, makes a best-effort release (waited for at most [`ABANDON_WAIT`], then
-    /// left to the background, counted for `quit`), and builds the error.
-    pub(crate) async fn lost(mut self, reason: LossReason) -> LockError {
+    /// left to the background, counted for `quit`), and builds the error. `part` names the key
+    /// of a several-key unit that was lost, and its fencing token (else the hold's own).
+    pub(crate) async fn lost(
+        mut self,
+        reason: LossReason,
+        part: Option<(Arc<str>, u64)>,
+    ) -> LockError {
         self.stop_renewal();
         let conn = &self.engine.conn;
         conn.stats.record(&self.metrics, Event::Loss);
@@ -230,21 +230,44 @@ impl Held {
         }
         // How long it was held: up to the loss, not the best-effort release that follows.
         let held = self.lease.held_for();
-        self.metrics.held(held);
-        tracing::warn!(reason = %reason, ?held, "lock lost; body cancelled");
-        if reason != LossReason::NotOwner {
+        let (key, fencing_token) =
+            part.unwrap_or_else(|| (Arc::clone(self.keys.display()), self.lease.fencing_token()));
+        // Key and namespace as fields: the call's span is at `DEBUG`, often filtered out.
+        if self.body_started {
+            self.metrics.held(held);
+            tracing::warn!(
+                key = %key,
+                namespace = %self.namespace,
+                fencing_token,
+                reason = %reason,
+                ?held,
+                "lock lost; body cancelled"
+            );
+        } else {
+            tracing::warn!(
+                key = %key,
+                namespace = %self.namespace,
+                reason = %reason,
+                "lock lost before the body started"
+            );
+        }
+        // A lost key is not ours any more (`NotOwner`), but the other keys of its unit are.
+        if reason != LossReason::NotOwner || !self.part_fences.is_empty() {
             // Best effort, as the abandoning of a timed-out attempt: a server that stopped
             // answering must not hold the error up to `RELEASE_TIMEOUT` past the loss. A lost
             // lock keeps no minimum hold, and its release takes the full script.
             self.hold_at_least = Duration::ZERO;
             self.uncontended = false;
-            if let Some(release) = release_in_background(&self) {
+            let release = release_in_background(&self, None);
+            // Released already: a cancellation while waiting for it must not release again.
+            self.armed = false;
+            if let Some(release) = release {
                 let _ = tokio::time::timeout(ABANDON_WAIT, release).await;
             }
         }
         self.armed = false;
         LockError::LockLost {
-            key: self.keys.display().to_string(),
+            key: key.to_string(),
             namespace: self.namespace.to_string(),
             held,
             reason,
@@ -269,19 +292,13 @@ impl Drop for Held {
     fn drop(&mut self) {
         self.stop_renewal();
         if self.armed {
-            let released = release_in_background(self);
-            // A granted hold whose call was cancelled (fencing tokens start at 1): held until
-            // now, released as a body that ends is.
-            if released.is_some() && self.lease.fencing_token() != 0 {
-                let held = self.lease.held_for();
+            // A hold whose call was cancelled (or whose body panicked): held until now, its
+            // release reported as a body's that ends is.
+            let held = self.body_started.then(|| self.lease.held_for());
+            if release_in_background(self, held).is_some()
+                && let Some(held) = held
+            {
                 self.metrics.held(held);
-                // Outside the call's span (dropped with it): key and namespace as fields.
-                tracing::debug!(
-                    key = %self.keys.display(),
-                    namespace = %self.namespace,
-                    ?held,
-                    "lock released (in the background: the call was cancelled)"
-                );
             }
         }
     }
@@ -340,143 +357,217 @@ impl Drop for Releasing {
     }
 }
 
-/// Removes `token`'s hold (or, with `keep_for`, lets it expire then), bounded by
-/// [`RELEASE_TIMEOUT`]; failures are logged (the lease expires). Wakes this process's waiters for
-/// the key when it was removed. Returns [`Released::NotOurs`] when the server's first answer
-/// said the key no longer held `token` (not after a retry, which may find its own earlier
-/// removal).
-#[allow(clippy::too_many_arguments)]
-async fn release_now(
-    engine: &Engine,
-    rules: &dyn Rules,
-    keys: &LockKeys,
-    token: &Bytes,
-    metrics: &Metrics,
+/// One release of a hold's token (or the undoing of an acquisition attempt): what it removes,
+/// and how.
+struct Release {
+    engine: Arc<Engine>,
+    rules: Arc<dyn Rules>,
+    keys: Arc<LockKeys>,
+    namespace: Arc<str>,
+    token: Bytes,
+    /// The hold's fencing token (0 when never granted), for the warnings.
+    fence: u64,
+    metrics: Arc<Metrics>,
+    /// The lease a release gives the waiter it hands the lock to.
     handoff_lease: Duration,
+    /// Let the key expire then instead of removing it now (the minimum hold).
     keep_for: Option<Duration>,
-    granted_by: Option<&Server>,
+    granted_by: Option<Server>,
+    /// Try the plain compare-and-delete first (granted on the first attempt).
     plain: bool,
-    unanswered: bool,
-) -> Released {
-    let _releasing = engine.releases.start();
-    // One bound for the whole release, the quick attempt and the script together.
-    let deadline = Instant::now() + RELEASE_TIMEOUT;
-    // Whether a removal may already have run unanswered: the key then found gone tells nothing.
-    let mut retried = unanswered;
-    // (Replicated deployments need the checked path: no plain release is sent.)
-    if plain
-        && keep_for.is_none()
-        && !engine.conn.deployment.is_replicated()
-        && let Some(key) = rules.plain_release_key(keys)
-    {
-        match engine
-            .conn
-            .delete_if_equal(&key, keys.slot, token, deadline)
-            .await
+    /// Undoing an acquisition attempt (no hold's release): it counts no release when it finds
+    /// nothing, and says so at `INFO` when it cannot be sent.
+    undo: bool,
+    /// An earlier release of this hold may have run: the key found gone tells nothing.
+    sent_before: bool,
+}
+
+impl Release {
+    /// Removes the token's hold (or, with `keep_for`, lets it expire then), bounded by
+    /// [`RELEASE_TIMEOUT`]; failures are logged (the lease expires). Wakes this process's
+    /// waiters for the key when it was removed. [`Released::NotOurs`] when the server's first
+    /// answer said the key no longer held the token (not after a retry, or after an earlier
+    /// release of the hold, which may have removed it).
+    async fn run(&self) -> Released {
+        let Release {
+            engine,
+            rules,
+            keys,
+            namespace,
+            token,
+            metrics,
+            handoff_lease,
+            keep_for,
+            granted_by,
+            plain,
+            undo: unanswered,
+            ..
+        } = self;
+        let (rules, handoff_lease, keep_for, granted_by, plain, unanswered) = (
+            &**rules,
+            *handoff_lease,
+            *keep_for,
+            granted_by.as_ref(),
+            *plain,
+            *unanswered,
+        );
+        let _releasing = engine.releases.start();
+        // One bound for the whole release, the quick attempt and the script together.
+        let deadline = Instant::now() + RELEASE_TIMEOUT;
+        // Whether a removal may already have run unanswered: the key then found gone tells nothing.
+        let mut retried = unanswered || self.sent_before;
+        // (Replicated deployments need the checked path: no plain release is sent.)
+        if plain
+            && keep_for.is_none()
+            && !engine.conn.deployment.is_replicated()
+            && let Some(key) = rules.plain_release_key(keys)
         {
-            Some(true) => {
-                // Nobody queued on the server; a local task may wait without queueing.
-                engine.waiters.wake_one(&keys.lock);
-                engine.conn.stats.record(metrics, Event::Release);
-                return Released::Done;
-            }
-            Some(false) => {}
-            // Refused, failed or unanswered: it may have run.
-            None => retried = true,
-        }
-    }
-    let call = match keep_for {
-        Some(keep_for) => rules.shorten_call(keys, token, keep_for),
-        None => rules.release_call(keys, token, handoff_lease),
-    };
-    // Undoing an attempt that got no answer: fred may still hold that attempt, and this
-    // release behind it, until it reconnects, and send both then, with nobody left to answer
-    // a `NOSCRIPT`.
-    let call = if unanswered { call.with_source() } else { call };
-    // No grant this release makes is older than this (real clock).
-    let mut sent = std::time::Instant::now();
-    let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(100));
-    let outcome = loop {
-        let outcome = engine
-            .conn
-            .run_on_primary(&call, deadline, granted_by)
-            .await
-            .and_then(|reply| Ok(parse_release(&reply)?));
-        // A compare-and-delete is safe to send again (one that ran finds the lock no longer
-        // ours): a connection lost on the way is worth waiting for, within the bound.
-        let left = remaining(deadline);
-        match &outcome {
-            Err(OpError::Failed(error))
-                if classify(error) == Failure::Transient && !left.is_zero() =>
+            match engine
+                .conn
+                .delete_if_equal(&key, keys.slot, token, deadline)
+                .await
             {
-                tracing::debug!(%error, "release failed on the way; trying again");
-                retried = true;
-                tokio::time::sleep(backoff.next_delay(left)).await;
-                sent = std::time::Instant::now();
+                Some(true) => {
+                    // Nobody queued on the server; a local task may wait without queueing.
+                    engine.waiters.wake_one(&keys.lock);
+                    engine.conn.stats.record(metrics, Event::Release);
+                    return Released::Removed;
+                }
+                Some(false) => {}
+                // Refused, failed or unanswered: it may have run.
+                None => retried = true,
             }
-            _ => break outcome,
         }
-    };
-    if keep_for.is_none() {
-        match outcome.as_ref().ok() {
-            // The next waiter is named (and maybe handed the lock): if it is ours, wake it now
-            // (its message is then skipped).
-            Some(ReleaseReply {
-                head: Some(head),
-                handed_off,
-                ..
-            }) => {
-                let grant =
-                    handed_off.map(|fence| Grant::new(fence, Some(sent)).with_lease(handoff_lease));
-                if let Some(key) = rules.watched_key(keys) {
-                    engine.notifier.wake_local(&key, head, grant);
+        let call = match keep_for {
+            Some(keep_for) => rules.shorten_call(keys, token, keep_for),
+            None => rules.release_call(keys, token, handoff_lease),
+        };
+        // Undoing an attempt that got no answer: fred may still hold that attempt, and this
+        // release behind it, until it reconnects, and send both then, with nobody left to answer
+        // a `NOSCRIPT`.
+        let call = if unanswered { call.with_source() } else { call };
+        // No grant this release makes is older than this (real clock).
+        let mut sent = std::time::Instant::now();
+        let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(100));
+        let outcome = loop {
+            let outcome = engine
+                .conn
+                .run_on_primary(&call, deadline, granted_by)
+                .await
+                .and_then(|reply| Ok(parse_release(&reply)?));
+            // A compare-and-delete is safe to send again (one that ran finds the lock no longer
+            // ours): a connection lost on the way is worth waiting for, within the bound.
+            let left = remaining(deadline);
+            match &outcome {
+                Err(OpError::Failed(error))
+                    if classify(error) == Failure::Transient && !left.is_zero() =>
+                {
+                    tracing::debug!(%error, "release failed on the way; trying again");
+                    retried = true;
+                    tokio::time::sleep(backoff.next_delay(left)).await;
+                    sent = std::time::Instant::now();
+                }
+                _ => break outcome,
+            }
+        };
+        if keep_for.is_none() {
+            match outcome.as_ref().ok() {
+                // The next waiter is named (and maybe handed the lock): if it is ours, wake it now
+                // (its message is then skipped).
+                Some(ReleaseReply {
+                    head: Some(head),
+                    handed_off,
+                    ..
+                }) => {
+                    let grant = handed_off
+                        .map(|fence| Grant::new(fence, Some(sent)).with_lease(handoff_lease));
+                    if let Some(key) = rules.watched_key(keys) {
+                        engine.notifier.wake_local(&key, head, grant);
+                    }
+                }
+                _ => engine.waiters.wake_one(&keys.lock),
+            }
+        }
+        match outcome.map(|reply| reply.released) {
+            Ok(true) => {
+                if let Some(keep_for) = keep_for {
+                    tracing::debug!(?keep_for, "lock kept for its minimum hold");
+                }
+                engine.conn.stats.record(metrics, Event::Release);
+            }
+            Ok(false) if !retried => return Released::NotOurs,
+            Ok(false) => {
+                // Most likely removed by this release's (or the hold's) earlier attempt: a
+                // hold's release counts, an undoing found nothing to undo.
+                tracing::debug!("release found the lock no longer ours");
+                if !unanswered {
+                    engine.conn.stats.record(metrics, Event::Release);
                 }
             }
-            _ => engine.waiters.wake_one(&keys.lock),
+            Err(error) => {
+                if engine.conn.is_closed() {
+                    // `quit()` came first: it closed the connections the release needed, and its
+                    // holds expire with their leases, as its documentation says.
+                    tracing::debug!("release not sent: the client was closed (LockClient::quit())");
+                    return Released::Unsettled;
+                }
+                let unanswered_now = went_unanswered(&error);
+                let (error, hint) = match &error {
+                    OpError::Failed(error) => {
+                        (error.to_string(), crate::acl::denial_hint(error, None))
+                    }
+                    OpError::PoolExhausted => {
+                        ("no dedicated connection came free".to_owned(), None)
+                    }
+                };
+                let hint = hint.map(|hint| format!(" ({hint})")).unwrap_or_default();
+                if unanswered && unanswered_now {
+                    // No hold's release: the undoing of a call's last attempt (unanswered, or
+                    // granted without its replicas' acknowledgement), whose caller got its error;
+                    // the undoing could not be sent or answered either.
+                    tracing::info!(
+                        key = %keys.display(),
+                        %namespace,
+                        %error,
+                        "could not undo an acquisition attempt that timed out or failed: if the \
+                         server ran it, the key stays taken, by nobody, until its lease ends"
+                    );
+                } else if unanswered_now {
+                    tracing::warn!(
+                        key = %keys.display(),
+                        %namespace,
+                        %error,
+                        "release not answered within {RELEASE_TIMEOUT:?}: unless it still runs, the lock expires with its lease{hint}"
+                    );
+                } else {
+                    tracing::warn!(
+                        key = %keys.display(),
+                        %namespace,
+                        %error,
+                        "release failed; the lock expires with its lease{hint}"
+                    );
+                }
+                return Released::Unsettled;
+            }
         }
+        Released::Removed
     }
-    match outcome.map(|reply| reply.released) {
-        Ok(true) => {
-            if let Some(keep_for) = keep_for {
-                tracing::debug!(?keep_for, "lock kept for its minimum hold");
-            }
-            engine.conn.stats.record(metrics, Event::Release);
-        }
-        Ok(false) if !retried => return Released::NotOurs,
-        Ok(false) => tracing::debug!("release found the lock no longer ours"),
-        Err(error) => {
-            if engine.conn.is_closed() {
-                // `quit()` came first: it closed the connections the release needed, and its
-                // holds expire with their leases, as its documentation says.
-                tracing::debug!("release not sent: the client was closed (LockClient::quit())");
-                return Released::Done;
-            }
-            let unanswered_now = went_unanswered(&error);
-            let (error, hint) = match &error {
-                OpError::Failed(error) => (error.to_string(), crate::acl::denial_hint(error, None)),
-                OpError::PoolExhausted => ("no dedicated connection came free".to_owned(), None),
-            };
-            let hint = hint.map(|hint| format!(" ({hint})")).unwrap_or_default();
-            if unanswered && unanswered_now {
-                // No hold's release: the undoing of a call's last attempt (unanswered, or
-                // granted without its replicas' acknowledgement), whose caller got its error;
-                // the undoing could not be sent or answered either.
-                tracing::info!(
-                    %error,
-                    "could not undo an acquisition attempt that timed out or failed: if the \
-                     server ran it, the key stays taken, by nobody, until its lease ends"
-                );
-            } else if unanswered_now {
-                tracing::warn!(
-                    %error,
-                    "release not answered within {RELEASE_TIMEOUT:?}: unless it still runs, the lock expires with its lease{hint}"
-                );
-            } else {
-                tracing::warn!(%error, "release failed; the lock expires with its lease{hint}");
-            }
-        }
+
+    /// The body ran to its end (or its call was cancelled), but the key no longer held this
+    /// hold's token: a loss, counted and warned about.
+    fn lost_before_release(&self, held: Duration) {
+        self.engine.conn.stats.record(&self.metrics, Event::Loss);
+        tracing::warn!(
+            key = %self.keys.display(),
+            namespace = %self.namespace,
+            fencing_token = self.fence,
+            ?held,
+            "lock lost before its release: the body ended, but the key no longer held this \
+             owner's token (expired, force-unlocked or deleted): another owner may have \
+             held it meanwhile (a store checking fencing tokens rejects this holder's \
+             writes made after that)"
+        );
     }
-    Released::Done
 }
 
 /// Whether a release failed for want of an answer (a transient failure: not sent, or not
@@ -488,10 +579,13 @@ fn went_unanswered(error: &OpError) -> bool {
 /// What a release learned about the hold it released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Released {
-    /// Removed, failed (logged), or found gone after a retry: nothing more to say.
-    Done,
+    /// Removed (or kept for its minimum hold), or found gone after an earlier attempt that
+    /// may have removed it.
+    Removed,
     /// The key no longer held the token at the first answer: the hold had been lost already.
     NotOurs,
+    /// Failed or unanswered (logged), or not sent because the client was closed.
+    Unsettled,
 }
 
 /// How long an acquisition whose wait ran out waits for the release undoing its last attempt,
@@ -499,42 +593,42 @@ enum Released {
 /// returns and leaves that release to the background.
 const ABANDON_WAIT: Duration = Duration::from_millis(20);
 
-fn release_in_background(held: &Held) -> Option<tokio::task::JoinHandle<()>> {
+/// Releases `held` in a task of its own (`None` outside a runtime), counted for `quit` from
+/// now. With `report`, the hold's time held, its body ran: the outcome is logged, and a key
+/// found gone counted as a loss (a cancelled call's release).
+fn release_in_background(
+    held: &Held,
+    report: Option<Duration>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    use tracing::instrument::WithSubscriber as _;
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return None;
     };
-    let (engine, rules, keys, token, metrics, keep_for, plain) = (
-        Arc::clone(&held.engine),
-        Arc::clone(&held.rules),
-        Arc::clone(&held.keys),
-        held.token.clone(),
-        Arc::clone(&held.metrics),
-        held.keep_for(),
-        held.uncontended,
-    );
-    // Never granted (fencing tokens start at 1): the acquisition was cut short unanswered.
-    let unanswered = held.lease.fencing_token() == 0;
-    let handoff_lease = held.handoff_lease;
-    let granted_by = held.granted_by.clone();
+    let release = held.release_of();
     // Counted from now, not from when the task first runs: a `quit` right after the
     // cancellation waits for it.
-    let releasing = engine.releases.start();
-    Some(runtime.spawn(async move {
-        let _releasing = releasing;
-        release_now(
-            &engine,
-            &*rules,
-            &keys,
-            &token,
-            &metrics,
-            handoff_lease,
-            keep_for,
-            granted_by.as_ref(),
-            plain,
-            unanswered,
-        )
-        .await;
-    }))
+    let releasing = held.engine.releases.start();
+    Some(
+        runtime.spawn(
+            async move {
+                let _releasing = releasing;
+                let released = release.run().await;
+                match (report, released) {
+                    (Some(held), Released::NotOurs) => release.lost_before_release(held),
+                    (Some(held), Released::Removed) => tracing::debug!(
+                        key = %release.keys.display(),
+                        namespace = %release.namespace,
+                        ?held,
+                        "lock released (in the background: the call was cancelled, or its body \
+                         panicked)"
+                    ),
+                    _ => {}
+                }
+            }
+            // The dropping caller's subscriber, where it set one of its own.
+            .with_current_subscriber(),
+        ),
+    )
 }
 
 #[cfg(test)]

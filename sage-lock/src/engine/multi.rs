@@ -260,6 +260,7 @@ async fn hold_all<F: Future>(
     // From here on (the body may run) a release keeps the minimum hold, cancellation included.
     for held in &mut helds {
         held.hold_at_least = settings.hold_at_least;
+        held.body_started = true;
     }
     let leases: Vec<Lease> = helds.iter().map(|held| held.lease.clone()).collect();
     let parts: Vec<(Arc<LockKeys>, u64)> = helds
@@ -307,14 +308,18 @@ async fn hold_all<F: Future>(
     };
     drop(registrations);
     let lost = helds.remove(index);
+    // The lost key's own fencing token, where it is one key of several.
+    let fence = units[index]
+        .parts
+        .iter()
+        .position(|part| *part.display() == key)
+        .and_then(|at| lost.part_fences.get(at).copied())
+        .unwrap_or_else(|| lost.lease.fencing_token());
     // The others are given back at the same time as the lost one's best-effort release.
-    let (mut error, ()) = tokio::join!(
-        Box::pin(lost.lost(reason)).instrument(span.clone()),
+    let (error, ()) = tokio::join!(
+        Box::pin(lost.lost(reason, Some((key, fence)))).instrument(span.clone()),
         Box::pin(Held::give_back_all(helds)).instrument(span)
     );
-    if let LockError::LockLost { key: named, .. } = &mut error {
-        *named = key.to_string();
-    }
     Err(error)
 }
 

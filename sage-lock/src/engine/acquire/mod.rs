@@ -98,6 +98,8 @@ pub(crate) async fn acquire(
         granted_by: None,
         hold_at_least: Duration::ZERO,
         uncontended: false,
+        body_started: false,
+        release_sent: false,
         part_fences: Vec::new(),
     };
     // Registered on the first "busy" reply: woken when this process releases the key.
@@ -127,6 +129,8 @@ pub(crate) async fn acquire(
                     .stats
                     .record(&settings.metrics, Event::FenceRegression);
                 tracing::warn!(
+                    key = %keys.display(),
+                    %namespace,
                     fencing_token = fence,
                     previous,
                     "fencing token went backwards: the server lost the fencing counter \
@@ -157,7 +161,7 @@ pub(crate) async fn acquire(
             }
             Err(error)
         }
-        Err(Stop::Lost(reason)) => Err(held.lost(reason).await),
+        Err(Stop::Lost(reason)) => Err(held.lost(reason, None).await),
         Err(Stop::Failed(error)) => {
             // (Disarmed when every attempt was answered and the last was refused unrun.)
             if held.armed {
@@ -379,6 +383,7 @@ async fn acquire_loop(
                 // A definite "busy" (the script checks our token too): we hold nothing, so a
                 // busy try owes no release.
                 held.armed = false;
+                client.stats.record(&settings.metrics, Event::BusyRetry);
                 if matches!(mode, Mode::Try) {
                     return Ok(None);
                 }
@@ -387,7 +392,6 @@ async fn acquire_loop(
                 if queued {
                     place.queued(sent, fence);
                 }
-                client.stats.record(&settings.metrics, Event::BusyRetry);
                 found.busy(pttl_ms);
                 if in_line && !waiter.try_lead() {
                     // Another local task asks the server for this key: leave the server's queue
