@@ -141,13 +141,15 @@ impl Held {
         self.stop_renewal();
         // Held until the body ended, not until the server answered the release.
         let held = self.lease.held_for();
-        // Stay armed until done: dropped mid-release, the release finishes in the background.
+        let release = self.release_of();
+        // Stay armed until done: dropped mid-release, the release finishes in the background
+        // (and knows that this one may have run).
         self.release_sent = true;
-        let released = self.release_of().run().await;
+        let released = release.run().await;
         self.armed = false;
         self.metrics.held(held);
         match released {
-            Released::NotOurs => self.release_of().lost_before_release(held),
+            Released::NotOurs => release.lost_before_release(held),
             Released::Removed => tracing::debug!(?held, "lock released"),
             Released::Unsettled => {}
         }
