@@ -362,6 +362,74 @@ fn a_lock_held_when_its_runtime_shuts_down_expires_with_its_lease() {
     }
 }
 
+/// `quit()` while this client's tasks wait in the server's queue behind another process's
+/// holder: they leave the queue before the connections close, so the holder's release goes to
+/// the next live waiter (another process's). Before, their places stayed: the release handed
+/// the lock to a dead waiter, and the live one waited out that hand-off lease (helper 31).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quit_leaves_the_server_queues_before_closing() {
+    let lease = Duration::from_secs(6);
+    for kind in ServerKind::ALL {
+        let name = kind.name();
+        let server = Server::start(kind);
+        let ns = "quit-queued";
+        let [holder, quitting, live] =
+            [(); 3].map(|()| LockClient::builder().url(&server.url()).connect());
+        let (holder, quitting, live) = (
+            holder.await.expect("connect"),
+            quitting.await.expect("connect"),
+            live.await.expect("connect"),
+        );
+        let family = |client: &LockClient| -> Locks<str> {
+            client.lock_with(options(ns, lease)).expect("opts")
+        };
+        let (release, held) = tokio::sync::oneshot::channel::<()>();
+        let (entered, is_held) = tokio::sync::oneshot::channel();
+        let holding = {
+            let locks = family(&holder);
+            tokio::spawn(async move {
+                locks
+                    .with_lock("k", Duration::from_secs(1), async {
+                        let _ = entered.send(());
+                        let _ = held.await;
+                        Instant::now()
+                    })
+                    .await
+                    .expect("the holder")
+            })
+        };
+        is_held.await.expect("held");
+        let spawn_waiter = |locks: Locks<str>| {
+            tokio::spawn(async move {
+                let result = locks
+                    .with_lock("k", Duration::from_secs(10), async { Instant::now() })
+                    .await;
+                (result, Instant::now())
+            })
+        };
+        let dead = spawn_waiter(family(&quitting));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let next = spawn_waiter(family(&live));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let quit_at = Instant::now();
+        quitting.quit().await;
+        let (result, ended) = dead.await.expect("waiter task");
+        assert_closed("a queued waiter", result, ended - quit_at);
+        let _ = release.send(());
+        let released = holding.await.expect("holder task");
+        let (result, _) = next.await.expect("waiter task");
+        let acquired = result.expect("the live waiter acquires");
+        let after = acquired.saturating_duration_since(released);
+        println!("{name}: the live waiter acquired {after:?} after the release");
+        assert!(
+            after < Duration::from_millis(800),
+            "{name}: the live waiter acquired {after:?} after the release (a dead place kept it?)"
+        );
+        holder.quit().await;
+        live.quit().await;
+    }
+}
+
 /// A shutdown that cancels the tasks holding locks and then quits at once (a SIGTERM handler:
 /// abort the workers, `quit()`): the releases the cancellations started in the background
 /// complete before the connections close, so the locks are free at once, not left to their

@@ -70,6 +70,23 @@ mod tests {
         assert_eq!(fences.observe("mutex", &key, 4), None);
     }
 
+    /// A key is remembered across at least [`MAX_KEYS`] other keys seen after it (the memory
+    /// forgot every key at once when full: helper 31 saw no regression reported past 4,096
+    /// keys, or after one more key when the memory happened to be full).
+    #[test]
+    fn a_key_is_remembered_across_max_keys_others() {
+        let fences = Fences::default();
+        for i in 0..MAX_KEYS - 1 {
+            fences.observe("mutex", &Bytes::from(format!("before:{i}")), 1);
+        }
+        let key = Bytes::from_static(b"payment");
+        assert_eq!(fences.observe("mutex", &key, 5), None);
+        for i in 0..MAX_KEYS {
+            fences.observe("mutex", &Bytes::from(format!("after:{i}")), 1);
+        }
+        assert_eq!(fences.observe("mutex", &key, 1), Some(5));
+    }
+
     /// A service locking unique keys for days: the memory stays bounded.
     #[test]
     fn the_memory_of_unique_keys_stays_bounded() {
