@@ -262,8 +262,9 @@ impl LockClient {
     }
 
     /// Closes the shared, dedicated and subscriber connections, for every clone of this client,
-    /// once the releases under way (those of cancelled `with_lock` calls included) are through,
-    /// or after [`RELEASE_TIMEOUT`](crate::RELEASE_TIMEOUT) at most. The client's background
+    /// once the tasks waiting for a lock have left the server's queues and the releases under
+    /// way (those of cancelled `with_lock` calls included) are through, or after
+    /// [`RELEASE_TIMEOUT`](crate::RELEASE_TIMEOUT) at most. The client's background
     /// tasks end with them, even while the client itself is kept (say, in a `static`).
     ///
     /// Afterwards every call made from this client (waiting, trying, operator tools,
@@ -282,9 +283,14 @@ impl LockClient {
             self.quit_without_runtime();
             return;
         }
+        let releases = tokio::time::Instant::now() + crate::connection::RELEASE_TIMEOUT;
+        // Waiting tasks stop, and leave their places in the server's queues first (else the
+        // next release hands the lock to a waiter that is gone, and a live one waits out that
+        // hand-off).
+        self.inner.quitting.start();
+        self.inner.waiting.settled(releases).await;
         // A shutdown that cancels its holders and then quits: their releases, started in the
         // background, reach the server before the connections close.
-        let releases = tokio::time::Instant::now() + crate::connection::RELEASE_TIMEOUT;
         self.inner.releases.settled(releases).await;
         self.inner.conn.close().await;
         // Nothing is renewed any more: the scheduler's task ends.

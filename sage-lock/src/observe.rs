@@ -6,17 +6,17 @@
 //! | metric | kind | meaning |
 //! |---|---|---|
 //! | `sage_lock_acquisitions_total` | counter | locks acquired |
-//! | `sage_lock_busy_retries_total` | counter | attempts that found the lock held by another owner |
+//! | `sage_lock_busy_retries_total` | counter | attempts that found the lock held by another owner (a `try_*` call's included) |
 //! | `sage_lock_handoffs_total` | counter | acquisitions a release handed over on the server (no acquire round trip) |
-//! | `sage_lock_transient_retries_total` | counter | acquisition attempts that hit a transient failure (an error retried, or a connection that was down while the attempt waited) |
+//! | `sage_lock_transient_retries_total` | counter | acquisition attempts that hit a transient failure (an error retried, or a connection that was down while the attempt waited; a server that does not answer counts in timeouts only) |
 //! | `sage_lock_timeouts_total` | counter | acquisitions that gave up (`TimedOut`) |
 //! | `sage_lock_renewals_total` | counter | successful renewals |
 //! | `sage_lock_renewal_failures_total` | counter | renewal attempts that failed (may recover) |
-//! | `sage_lock_losses_total` | counter | held locks lost (`LockLost`) |
-//! | `sage_lock_releases_total` | counter | locks released by their owner |
+//! | `sage_lock_losses_total` | counter | held locks lost (`LockLost`, or found lost by the release) |
+//! | `sage_lock_releases_total` | counter | holds removed by their owner (see [`LockStats::releases`]) |
 //! | `sage_lock_fence_regressions_total` | counter | exclusive grants' fencing tokens lower than one this client saw before for the key (the counter was evicted or flushed) |
-//! | `sage_lock_wait_seconds` | histogram | time from call to acquisition |
-//! | `sage_lock_hold_seconds` | histogram | time from acquisition to release or loss |
+//! | `sage_lock_wait_seconds` | histogram | time from call to acquisition (waits that timed out are not sampled) |
+//! | `sage_lock_hold_seconds` | histogram | time from acquisition to the body's end or loss (one sample per hold whose body ran) |
 //!
 //! Every metric carries a `namespace` label. Handles are registered when a lock family is
 //! created, so install the recorder before creating lock families.
@@ -34,13 +34,15 @@ use metrics::{Counter, Histogram, SharedString};
 pub struct LockStats {
     /// Locks acquired.
     pub acquisitions: u64,
-    /// Attempts that found the lock held by another owner.
+    /// Attempts that found the lock held by another owner (a `try_*` call's included).
     pub busy_retries: u64,
     /// Acquisitions (counted in `acquisitions` too) that a release handed to this client's
     /// queued waiter on the server, so the waiter took the lock without another attempt.
     pub handoffs: u64,
     /// Acquisition attempts that hit a transient failure: an error retried, or a connection
-    /// that was down while the attempt waited (an outage counts here as well as in `timeouts`).
+    /// that was down while the attempt waited (such an outage counts here as well as in
+    /// `timeouts`). A server that accepts the connection but does not answer within the wait
+    /// (paused, overloaded) counts in `timeouts` only, as `TimedOut(Unavailable)`.
     pub transient_retries: u64,
     /// Acquisitions that ended in `TimedOut`.
     pub timeouts: u64,
@@ -48,13 +50,17 @@ pub struct LockStats {
     pub renewals: u64,
     /// Renewal attempts that failed (the lease may still have been kept by a later attempt).
     pub renewal_failures: u64,
-    /// Held locks that were lost: while the body ran (`LockLost`), or found lost by the release
-    /// after the body ended (logged at `WARN`: "lock lost before its release").
+    /// Held locks that were lost: while the body ran or before it started (`LockLost`), or
+    /// found lost by the release after the body ended or its call was cancelled (logged at
+    /// `WARN`: "lock lost before its release").
     pub losses: u64,
-    /// Holds removed by this client: released after the body (or its cancellation), and the
-    /// clean-ups that remove a grant the replicas did not acknowledge or a lost hold's key.
+    /// Holds removed by this client: released after the body (or its cancellation, or by a
+    /// release attempt whose answer never came), and the clean-ups that remove a grant the
+    /// call gave up (unanswered within its wait, or not acknowledged by the replicas) or the
+    /// keys of a lost hold.
     pub releases: u64,
-    /// Total time spent waiting for acquisitions, in microseconds.
+    /// Total time spent waiting for successful acquisitions, in microseconds (a wait that
+    /// timed out is not counted).
     pub wait_micros: u64,
     /// Exclusive acquisitions (mutex, writer, one-permit semaphore) whose fencing token was lower
     /// than one this client saw before for the same key: the fencing counter was lost

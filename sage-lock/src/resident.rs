@@ -21,7 +21,7 @@ pub struct Resident {
     pub releases: usize,
     /// Idle connections in the dedicated pool (at most `max_connections`).
     pub idle_connections: usize,
-    /// Keys whose last fencing token is remembered (bounded: best-effort detection).
+    /// Keys whose last fencing token is remembered (at most 8,192: best-effort detection).
     pub fenced_keys: usize,
 }
 

@@ -15,12 +15,17 @@ use std::sync::Mutex;
 
 use fred::bytes::Bytes;
 
-/// Most keys remembered; past it, the memory starts over (detection is best effort).
+/// Keys per generation of the memory: a key is remembered across at least this many other keys
+/// seen after it, and at most twice this many are kept (detection is best effort).
 const MAX_KEYS: usize = 4096;
 
-/// Last token seen per primitive (its rules' kind) and lock key.
+/// One primitive (its rules' kind) and lock key.
+type Seen = HashMap<(&'static str, Bytes), u64>;
+
+/// Last token seen per primitive and lock key, in two generations: when the current one is
+/// full it becomes the previous one (the one before is forgotten), so keys seen recently stay.
 #[derive(Debug, Default)]
-pub(crate) struct Fences(Mutex<HashMap<(&'static str, Bytes), u64>>);
+pub(crate) struct Fences(Mutex<(Seen, Seen)>);
 
 impl Fences {
     /// Records `token` of a `kind` grant on `key`; returns the previous token when `token` is
@@ -29,23 +34,22 @@ impl Fences {
         let Ok(mut seen) = self.0.lock() else {
             return None;
         };
+        let (current, previous) = &mut *seen;
         let entry = (kind, key.clone());
-        if seen.len() >= MAX_KEYS && !seen.contains_key(&entry) {
-            seen.clear();
+        let last = current
+            .get(&entry)
+            .or_else(|| previous.get(&entry))
+            .copied();
+        if current.len() >= MAX_KEYS && !current.contains_key(&entry) {
+            *previous = std::mem::take(current);
         }
-        let last = seen.entry(entry).or_insert(token);
-        if token < *last {
-            let previous = *last;
-            *last = token;
-            return Some(previous);
-        }
-        *last = token;
-        None
+        current.insert(entry, token);
+        last.filter(|&last| token < last)
     }
 
-    /// How many keys are remembered (at most [`MAX_KEYS`]; for tests).
+    /// How many keys are remembered (at most twice [`MAX_KEYS`]; for tests).
     pub(crate) fn remembered(&self) -> usize {
-        self.0.lock().map_or(0, |seen| seen.len())
+        self.0.lock().map_or(0, |seen| seen.0.len() + seen.1.len())
     }
 }
 
@@ -94,7 +98,7 @@ mod tests {
         for i in 0..3 * MAX_KEYS {
             fences.observe("mutex", &Bytes::from(format!("order:{i}")), 1);
             assert!(
-                fences.remembered() <= MAX_KEYS,
+                fences.remembered() <= 2 * MAX_KEYS,
                 "{} keys",
                 fences.remembered()
             );

@@ -197,6 +197,43 @@ pub(crate) struct Engine {
     pub(crate) fences: fences::Fences,
     /// Releases under way, which [`LockClient::quit`](crate::LockClient::quit) lets finish.
     pub(crate) releases: Arc<hold::Releases>,
+    /// Acquisitions waiting between attempts (and, once told to quit, leaving the server's
+    /// queues), which [`LockClient::quit`](crate::LockClient::quit) lets leave.
+    pub(crate) waiting: Arc<hold::Releases>,
+    /// Set by [`LockClient::quit`](crate::LockClient::quit): waiting acquisitions stop.
+    pub(crate) quitting: Quitting,
+}
+
+/// The start of [`LockClient::quit`](crate::LockClient::quit): waiting acquisitions stop, and
+/// leave their places in the server's queues while the connections are still open.
+#[derive(Debug, Default)]
+pub(crate) struct Quitting {
+    set: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Quitting {
+    /// Tells every waiting acquisition to stop.
+    pub(crate) fn start(&self) {
+        self.set.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    /// Whether [`Quitting::start`] ran.
+    pub(crate) fn is_set(&self) -> bool {
+        self.set.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Resolves once [`Quitting::start`] ran.
+    pub(crate) async fn signalled(&self) {
+        let notified = self.notify.notified();
+        tokio::pin!(notified);
+        // Registered before the check: a start in between still wakes this.
+        notified.as_mut().enable();
+        if !self.is_set() {
+            notified.await;
+        }
+    }
 }
 
 impl Engine {
@@ -210,6 +247,8 @@ impl Engine {
             waiters: Waiters::default(),
             fences: fences::Fences::default(),
             releases: Arc::default(),
+            waiting: Arc::default(),
+            quitting: Quitting::default(),
         }
     }
 }

@@ -11,7 +11,7 @@ mod place;
 use findings::Findings;
 use place::{Place, leave_queue, place_ttl};
 
-use super::hold::safety_lead;
+use super::hold::{Releasing, safety_lead};
 use super::token::new_token;
 use super::waiters::WaitSlot;
 use super::{Engine, Held, QUEUED_POLL, Rules, TRY_LOCK_RETRY_WINDOW};
@@ -162,6 +162,19 @@ pub(crate) async fn acquire(
             Err(error)
         }
         Err(Stop::Lost(reason)) => Err(held.lost(reason, None).await),
+        Err(Stop::Quit(leaving)) => {
+            if held.armed {
+                held.abandon().await;
+            }
+            drop(leaving);
+            Err(LockError::backend(
+                format!(
+                    "acquiring lock {} in namespace {namespace:?}",
+                    crate::error::quoted(keys.display())
+                ),
+                crate::connection::closed_error(),
+            ))
+        }
         Err(Stop::Failed(error)) => {
             // (Disarmed when every attempt was answered and the last was refused unrun.)
             if held.armed {
@@ -223,6 +236,9 @@ enum Stop {
     TimedOut(TimeoutReason),
     Lost(LossReason),
     Failed(fred::error::Error),
+    /// [`LockClient::quit`](crate::LockClient::quit) started: the call fails as on a closed
+    /// client, after leaving the server's queue (`quit` waits while the guard lives).
+    Quit(Option<Releasing>),
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -261,6 +277,9 @@ async fn acquire_loop(
         return Err(Stop::TimedOut(TimeoutReason::Busy));
     }
     loop {
+        if engine.quitting.is_set() {
+            return Err(Stop::Quit(None));
+        }
         if let Some(lease) = place
             .handed_off(settings, keys)
             .filter(|_| !confirm_handoffs)
@@ -489,10 +508,16 @@ async fn acquire_loop(
         };
         let notified = busy && place.subscribed;
         polled = false;
+        // Counted while it waits: `quit` lets it leave the queue before closing.
+        let waiting_now = engine.waiting.start();
+        if engine.quitting.is_set() {
+            return Err(Stop::Quit(Some(waiting_now)));
+        }
         tokio::select! {
             () = tokio::time::sleep(delay) => polled = notified,
             () = named => {}
             () = local => {}
+            () = engine.quitting.signalled() => return Err(Stop::Quit(Some(waiting_now))),
         }
     }
 }
