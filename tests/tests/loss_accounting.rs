@@ -36,6 +36,25 @@ fn lines_of(namespace: &str) -> Vec<String> {
         .collect()
 }
 
+/// Asserts that a line of `namespace` holds `message` and `key={key}` (and `more`).
+fn assert_logged(kind: ServerKind, namespace: &str, message: &str, key: &str, more: &[&str]) {
+    let key = format!("key={key}");
+    assert!(
+        lines_of(namespace).iter().any(|line| line.contains(message)
+            && line.contains(&key)
+            && more.iter().all(|part| line.contains(part))),
+        "{kind}: no `{message}` naming {key} in {namespace}: {:?}",
+        observers().0.text()
+    );
+}
+
+/// A client of this binary's shared server of `kind`.
+async fn shared_client(kind: ServerKind) -> LockClient {
+    LockClient::connect(&harness::shared(kind).url())
+        .await
+        .expect("connect")
+}
+
 fn family(client: &LockClient, namespace: &str, lease: Duration) -> Locks<str> {
     client
         .lock_with(LockOptions::new().namespace(namespace).lease(lease))
@@ -66,9 +85,7 @@ async fn eventually(within: Duration, mut done: impl AsyncFnMut() -> bool) -> bo
 async fn a_loss_warning_names_its_key_namespace_and_token() {
     observers();
     for kind in ServerKind::ALL {
-        let client = LockClient::connect(&harness::shared(kind).url())
-            .await
-            .expect("connect");
+        let client = shared_client(kind).await;
         let ns = namespace("warned-loss", kind);
         let locks = family(&client, &ns, Duration::from_millis(900));
         let operator = locks.clone();
@@ -93,15 +110,12 @@ async fn a_loss_warning_names_its_key_namespace_and_token() {
             ),
             "{kind}: {outcome:?}"
         );
-        let lines = lines_of(&ns);
-        let warned = lines
-            .iter()
-            .find(|line| line.contains("lock lost; body cancelled"));
-        assert!(
-            warned
-                .is_some_and(|line| line.contains("key=forced") && line.contains("fencing_token=")),
-            "{kind}: no loss warning naming key, namespace and token: {:?}",
-            observers().0.text()
+        assert_logged(
+            kind,
+            &ns,
+            "lock lost; body cancelled",
+            "forced",
+            &["fencing_token="],
         );
         client.quit().await;
     }
@@ -137,16 +151,8 @@ async fn an_unanswered_release_names_its_key_and_namespace() {
         // The cancelled call's background release, unanswered within its second.
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         server.resume();
-        let lines = lines_of(&ns);
         for key in ["after-body", "cancelled"] {
-            assert!(
-                lines
-                    .iter()
-                    .any(|line| line.contains("release not answered")
-                        && line.contains(&format!("key={key}"))),
-                "{kind}: no unanswered release naming {key} and {ns}: {:?}",
-                observers().0.text()
-            );
+            assert_logged(kind, &ns, "release not answered", key, &[]);
         }
         client.quit().await;
     }
@@ -158,9 +164,7 @@ async fn an_unanswered_release_names_its_key_and_namespace() {
 async fn with_locks_releases_the_other_keys_when_one_is_lost() {
     observers();
     for kind in ServerKind::ALL {
-        let client = LockClient::connect(&harness::shared(kind).url())
-            .await
-            .expect("connect");
+        let client = shared_client(kind).await;
         let ns = namespace("multi-loss", kind);
         let locks = family(&client, &ns, Duration::from_secs(3));
         let intruder = client.clone();
@@ -201,9 +205,7 @@ async fn with_locks_releases_the_other_keys_when_one_is_lost() {
 async fn a_call_cancelled_after_its_lock_was_taken_away_counts_a_loss() {
     observers();
     for kind in ServerKind::ALL {
-        let client = LockClient::connect(&harness::shared(kind).url())
-            .await
-            .expect("connect");
+        let client = shared_client(kind).await;
         let ns = namespace("cancelled-loss", kind);
         let locks = family(&client, &ns, Duration::from_secs(6));
         let operator = locks.clone();
@@ -227,13 +229,7 @@ async fn a_call_cancelled_after_its_lock_was_taken_away_counts_a_loss() {
         let after = client.stats();
         assert!(counted, "{kind}: no loss counted: {before:?} -> {after:?}");
         assert_eq!(after.releases, before.releases, "{kind}: {after:?}");
-        assert!(
-            lines_of(&ns)
-                .iter()
-                .any(|line| line.contains("lock lost before its release") && line.contains("key=k")),
-            "{kind}: no warning: {:?}",
-            observers().0.text()
-        );
+        assert_logged(kind, &ns, "lock lost before its release", "k", &[]);
         client.quit().await;
     }
 }
@@ -285,9 +281,7 @@ async fn a_release_sent_before_its_call_was_cancelled_counts_a_release() {
 async fn a_busy_try_counts_a_busy_attempt() {
     observers();
     for kind in ServerKind::ALL {
-        let client = LockClient::connect(&harness::shared(kind).url())
-            .await
-            .expect("connect");
+        let client = shared_client(kind).await;
         let ns = namespace("busy-try", kind);
         let locks = family(&client, &ns, Duration::from_secs(5));
         let by_hand: Locks<String> = client
