@@ -1,5 +1,6 @@
 //! The subscriber connection's task: it reads release messages and wakes the waiters they name,
-//! subscribes again after a reconnect, and drops channels that lingered idle.
+//! subscribes again after a reconnect, and drops channels that lingered idle (in a task beside
+//! it, so that a long sweep holds up no message).
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -20,6 +21,9 @@ pub(super) fn spawn_listener(client: &Client, shared: Weak<Shared>) -> JoinHandl
     let client = client.clone();
     tokio::spawn(async move {
         let mut sweep = tokio::time::interval(LINGER / 2);
+        // The sweep under way, beside the reading of messages (dropped with this task, it is
+        // aborted): thousands of `SUNSUBSCRIBE`s must not hold up a release message.
+        let mut sweeping = tokio::task::JoinSet::new();
         loop {
             tokio::select! {
                 message = messages.recv() => match message {
@@ -41,8 +45,14 @@ pub(super) fn spawn_listener(client: &Client, shared: Weak<Shared>) -> JoinHandl
                     resubscribe(&client, &shared).await;
                 }
                 _ = sweep.tick() => {
+                    while sweeping.try_join_next().is_some() {}
+                    if !sweeping.is_empty() {
+                        // The last sweep is not through: it goes on, no second one beside it.
+                        continue;
+                    }
                     let Some(shared) = shared.upgrade() else { return };
-                    unsubscribe_idle(&client, &shared).await;
+                    let client = client.clone();
+                    sweeping.spawn(async move { unsubscribe_idle(&client, &shared).await });
                 }
             }
         }
