@@ -12,6 +12,7 @@ mod handoff;
 mod hold;
 mod multi;
 mod reentry;
+mod release;
 mod token;
 mod waiters;
 
@@ -196,10 +197,10 @@ pub(crate) struct Engine {
     /// Last fencing token seen per key (detects a counter that went backwards).
     pub(crate) fences: fences::Fences,
     /// Releases under way, which [`LockClient::quit`](crate::LockClient::quit) lets finish.
-    pub(crate) releases: Arc<hold::Releases>,
+    pub(crate) releases: Arc<release::Releases>,
     /// Acquisitions waiting between attempts (and, once told to quit, leaving the server's
     /// queues), which [`LockClient::quit`](crate::LockClient::quit) lets leave.
-    pub(crate) waiting: Arc<hold::Releases>,
+    pub(crate) waiting: Arc<release::Releases>,
     /// Set by [`LockClient::quit`](crate::LockClient::quit): waiting acquisitions stop.
     pub(crate) quitting: Quitting,
 }

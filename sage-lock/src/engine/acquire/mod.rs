@@ -11,7 +11,8 @@ mod place;
 use findings::Findings;
 use place::{Place, leave_queue, place_ttl};
 
-use super::hold::{Releasing, safety_lead};
+use super::hold::safety_lead;
+use super::release::Releasing;
 use super::token::new_token;
 use super::waiters::WaitSlot;
 use super::{Engine, Held, QUEUED_POLL, Rules, TRY_LOCK_RETRY_WINDOW};
