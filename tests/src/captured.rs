@@ -12,9 +12,17 @@ impl Captured {
     /// (`try_init`), for the current thread (`tracing::subscriber::set_default`), or for one
     /// future (`WithSubscriber::with_subscriber`).
     pub fn warn_subscriber(&self) -> impl tracing::Subscriber + Send + Sync + 'static {
+        self.subscriber(tracing::Level::WARN)
+    }
+
+    /// A subscriber that writes `level` and above, as plain text, here.
+    pub fn subscriber(
+        &self,
+        level: tracing::Level,
+    ) -> impl tracing::Subscriber + Send + Sync + 'static {
         let writer = self.clone();
         tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::WARN)
+            .with_max_level(level)
             .with_writer(move || writer.clone())
             .with_ansi(false)
             .finish()

@@ -741,3 +741,44 @@ async fn several_slots_at_a_stopped_node_return_in_time() {
         client.quit().await;
     }
 }
+
+/// A cluster without replicas, used with `replica_acknowledgement(false)`, is a deployment the
+/// README supports: its calls log nothing about replicas, even at `DEBUG`. Before, every call
+/// logged "more replicas must acknowledge than the primary lists" (the floor of one
+/// acknowledgement, which nothing waits for with acknowledgement off; an audit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicaless_cluster_without_acknowledgement_logs_nothing_about_replicas() {
+    use tracing::instrument::WithSubscriber as _;
+    for kind in ServerKind::ALL {
+        let node = lone_node_cluster(kind);
+        let url = format!("redis-cluster://127.0.0.1:{}", node.port());
+        let captured = harness::Captured::default();
+        let ns = format!("no-replicas-{}", rand::random::<u32>());
+        let calls = async {
+            let client = LockClient::connect(&url).await.expect("connect");
+            let options = LockOptions::new()
+                .namespace(ns.as_str())
+                .replica_acknowledgement(false);
+            let locks: Locks<str> = client.lock_with(options).expect("locks");
+            for key in ["a", "b", "c"] {
+                locks
+                    .with_lock(key, Duration::from_secs(2), async {})
+                    .await
+                    .expect("granted without acknowledgement");
+            }
+            client.quit().await;
+        };
+        calls
+            .with_subscriber(captured.subscriber(tracing::Level::DEBUG))
+            .await;
+        let text = captured.text();
+        assert!(
+            text.contains("sage_lock"),
+            "{kind}: the DEBUG subscriber saw nothing of the calls: {text}"
+        );
+        assert!(
+            !text.contains("replicas must acknowledge"),
+            "{kind}: a replica-less cluster without acknowledgement logged about replicas:\n{text}"
+        );
+    }
+}
