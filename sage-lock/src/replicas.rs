@@ -196,7 +196,9 @@ impl ReplicaHints {
             }
         }
         let required = with_missing.max(hint.floor).max(1);
-        if required > replicas {
+        // The floor of 1 alone is not news (a primary without replicas always has it, and a
+        // client without acknowledgement never waits for it): only replicas that left are.
+        if with_missing.max(hint.floor) > replicas {
             tracing::debug!(
                 node = ?node.as_ref().map(|node| format!("{}:{}", node.host, node.port)),
                 ?listed,
