@@ -9,7 +9,7 @@
 //! | `sage_lock_busy_retries_total` | counter | attempts that found the lock held by another owner (a `try_*` call's included) |
 //! | `sage_lock_handoffs_total` | counter | acquisitions a release handed over on the server (no acquire round trip) |
 //! | `sage_lock_transient_retries_total` | counter | acquisition attempts that hit a transient failure (an error retried, or a connection that was down while the attempt waited; a server that does not answer counts in timeouts only) |
-//! | `sage_lock_timeouts_total` | counter | acquisitions that gave up (`TimedOut`) |
+//! | `sage_lock_timeouts_total` | counter | acquisitions that gave up (`TimedOut`), labelled by `reason`: `busy`, `not_acknowledged`, `unavailable`, `pool_exhausted`, `held_by_this_task`, `behind_own_hold` (the [`TimeoutReason`](crate::TimeoutReason)) |
 //! | `sage_lock_renewals_total` | counter | successful renewals |
 //! | `sage_lock_renewal_failures_total` | counter | renewal attempts that failed (may recover) |
 //! | `sage_lock_losses_total` | counter | held locks lost (`LockLost`, or found lost by the release) |
@@ -18,7 +18,9 @@
 //! | `sage_lock_wait_seconds` | histogram | time from call to acquisition (waits that timed out are not sampled) |
 //! | `sage_lock_hold_seconds` | histogram | time from acquisition to the body's end or loss (one sample per hold whose body ran) |
 //!
-//! Every metric carries a `namespace` label. Handles are registered when a lock family is
+//! Every metric carries a `namespace` label; `sage_lock_timeouts_total` has a `reason` label too,
+//! so contention (`busy`) and an outage (`unavailable`) or lagging replicas (`not_acknowledged`)
+//! can be told apart on a dashboard. Handles are registered when a lock family is
 //! created, so install the recorder before creating lock families.
 
 use std::sync::Arc;
@@ -26,6 +28,30 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use metrics::{Counter, Histogram, SharedString};
+
+use crate::error::TimeoutReason;
+
+/// The `reason` label of `sage_lock_timeouts_total`, in the order of [`timeout_index`].
+const TIMEOUT_REASONS: [&str; 6] = [
+    "busy",
+    "not_acknowledged",
+    "unavailable",
+    "pool_exhausted",
+    "held_by_this_task",
+    "behind_own_hold",
+];
+
+/// Where `reason`'s label is in [`TIMEOUT_REASONS`].
+fn timeout_index(reason: &TimeoutReason) -> usize {
+    match reason {
+        TimeoutReason::Busy => 0,
+        TimeoutReason::NotAcknowledged { .. } => 1,
+        TimeoutReason::Unavailable(_) => 2,
+        TimeoutReason::PoolExhausted { .. } => 3,
+        TimeoutReason::HeldByThisTask => 4,
+        TimeoutReason::BehindOwnHold => 5,
+    }
+}
 
 /// A snapshot of one client's lock activity since it was created, from
 /// [`LockClient::stats`](crate::LockClient::stats) (see its example).
@@ -89,7 +115,6 @@ pub(crate) enum Event {
     BusyRetry,
     Handoff,
     TransientRetry,
-    Timeout,
     Renewal,
     RenewalFailure,
     Loss,
@@ -104,7 +129,8 @@ pub(crate) struct Metrics {
     busy_retries: Counter,
     handoffs: Counter,
     transient_retries: Counter,
-    timeouts: Counter,
+    /// One per reason, in the order of [`TIMEOUT_REASONS`].
+    timeouts: [Counter; TIMEOUT_REASONS.len()],
     renewals: Counter,
     renewal_failures: Counter,
     losses: Counter,
@@ -128,7 +154,9 @@ impl Metrics {
             busy_retries: metrics::counter!("sage_lock_busy_retries_total", "namespace" => label()),
             handoffs: metrics::counter!("sage_lock_handoffs_total", "namespace" => label()),
             transient_retries: metrics::counter!("sage_lock_transient_retries_total", "namespace" => label()),
-            timeouts: metrics::counter!("sage_lock_timeouts_total", "namespace" => label()),
+            timeouts: TIMEOUT_REASONS.map(|reason| {
+                metrics::counter!("sage_lock_timeouts_total", "namespace" => label(), "reason" => reason)
+            }),
             renewals: metrics::counter!("sage_lock_renewals_total", "namespace" => label()),
             renewal_failures: metrics::counter!("sage_lock_renewal_failures_total", "namespace" => label()),
             losses: metrics::counter!("sage_lock_losses_total", "namespace" => label()),
@@ -151,7 +179,6 @@ impl Stats {
             Event::BusyRetry => (&self.busy_retries, &metrics.busy_retries),
             Event::Handoff => (&self.handoffs, &metrics.handoffs),
             Event::TransientRetry => (&self.transient_retries, &metrics.transient_retries),
-            Event::Timeout => (&self.timeouts, &metrics.timeouts),
             Event::Renewal => (&self.renewals, &metrics.renewals),
             Event::RenewalFailure => (&self.renewal_failures, &metrics.renewal_failures),
             Event::Loss => (&self.losses, &metrics.losses),
@@ -160,6 +187,12 @@ impl Stats {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         handle.increment(1);
+    }
+
+    /// Counts an acquisition that ended in `TimedOut` for `reason`.
+    pub(crate) fn timed_out(&self, metrics: &Metrics, reason: &TimeoutReason) {
+        self.timeouts.fetch_add(1, Ordering::Relaxed);
+        metrics.timeouts[timeout_index(reason)].increment(1);
     }
 
     pub(crate) fn acquired(&self, metrics: &Metrics, waited: Duration) {

@@ -275,6 +275,23 @@ fn counter(snapshot: &[Sample], name: &str, namespace: &str) -> u64 {
         .sum()
 }
 
+/// The value of `name` for `namespace` whose `reason` label is `reason`.
+fn labelled(snapshot: &[Sample], name: &str, namespace: &str, reason: &str) -> u64 {
+    snapshot
+        .iter()
+        .filter(|(key, _, _, _)| {
+            let labels = || key.key().labels();
+            key.key().name() == name
+                && labels().any(|l| l.key() == "namespace" && l.value() == namespace)
+                && labels().any(|l| l.key() == "reason" && l.value() == reason)
+        })
+        .map(|(_, _, _, value)| match value {
+            DebugValue::Counter(n) => *n,
+            _ => 0,
+        })
+        .sum()
+}
+
 /// Acquire, busy retry, renew, release, timeout, loss and a hand-off on the server each emit a
 /// tracing event carrying the key and namespace (README, Observability: `lock not acquired yet;
 /// waiting` among them), and count in the metrics facade (`sage_lock_handoffs_total` among them)
@@ -319,6 +336,25 @@ async fn events_and_metrics_fire() {
             .await
             .expect("outer");
         assert!(matches!(timed_out, Err(LockError::TimedOut { .. })));
+        // a timeout of another reason: nested in the holder's own task, reported at once
+        let nested = locks
+            .with_lock("obs", Duration::from_secs(1), async {
+                locks
+                    .with_lock("obs", Duration::from_secs(1), async {})
+                    .await
+            })
+            .await
+            .expect("outer");
+        assert!(
+            matches!(
+                nested,
+                Err(LockError::TimedOut {
+                    reason: sage_lock::TimeoutReason::HeldByThisTask,
+                    ..
+                })
+            ),
+            "{nested:?}"
+        );
         // loss
         let server_key = LockClient::server_key(&ns, "obs");
         let lost = locks
@@ -443,7 +479,7 @@ async fn events_and_metrics_fire() {
             ("sage_lock_acquisitions_total", 5),
             ("sage_lock_busy_retries_total", 1),
             ("sage_lock_handoffs_total", 1),
-            ("sage_lock_timeouts_total", 1),
+            ("sage_lock_timeouts_total", 2),
             ("sage_lock_renewals_total", 2),
             ("sage_lock_losses_total", 1),
             ("sage_lock_transient_retries_total", 1),
@@ -459,10 +495,20 @@ async fn events_and_metrics_fire() {
                 kind.name()
             );
         }
+        // Each timeout under its reason, so contention and outages can be told apart.
+        for (reason, count) in [("busy", 1), ("held_by_this_task", 1), ("unavailable", 0)] {
+            let value = labelled(&snapshot, "sage_lock_timeouts_total", &ns, reason);
+            assert_eq!(
+                value,
+                count,
+                "{}: sage_lock_timeouts_total{{reason={reason}}}",
+                kind.name()
+            );
+        }
         let stats = client.stats();
         assert_eq!(
             (stats.acquisitions, stats.timeouts, stats.losses),
-            (5, 1, 1),
+            (6, 2, 1),
             "{stats:?}"
         );
         assert!(stats.renewals >= 2 && stats.busy_retries >= 1, "{stats:?}");

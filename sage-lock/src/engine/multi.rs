@@ -23,7 +23,6 @@ use super::{Engine, Held, Mode, Rules, acquire, reentry};
 use crate::error::{LockError, LossReason, TimeoutReason};
 use crate::key::LockKeys;
 use crate::lease::{Lease, scope};
-use crate::observe::Event;
 use crate::options::LockSettings;
 use crate::renewal::Registration;
 use crate::retry::{Backoff, deadline_after, remaining};
@@ -128,12 +127,13 @@ async fn acquire_all(
     {
         // Nested in the body of this task's own hold of one of the keys, which lasts until the
         // body, awaiting this call, ends.
-        engine.conn.stats.record(&settings.metrics, Event::Timeout);
+        let reason = TimeoutReason::HeldByThisTask;
+        engine.conn.stats.timed_out(&settings.metrics, &reason);
         return Err(LockError::TimedOut {
             key: part.display().to_string(),
             namespace: settings.namespace.to_string(),
             waited: start.elapsed(),
-            reason: TimeoutReason::HeldByThisTask,
+            reason,
         });
     }
     let mut backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(200));
@@ -181,7 +181,10 @@ async fn acquire_all(
                     tracing::debug!(%key, ?reason, "a key was lost while waiting for the next; retrying");
                     taken.give_back().await;
                     if remaining(deadline).is_zero() {
-                        engine.conn.stats.record(&settings.metrics, Event::Timeout);
+                        engine
+                            .conn
+                            .stats
+                            .timed_out(&settings.metrics, &TimeoutReason::Busy);
                         return Err(LockError::TimedOut {
                             key: key.to_string(),
                             namespace: settings.namespace.to_string(),

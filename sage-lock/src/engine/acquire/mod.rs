@@ -61,7 +61,7 @@ pub(crate) async fn acquire(
             }
             reason => reason,
         };
-        client.stats.record(&settings.metrics, Event::Timeout);
+        client.stats.timed_out(&settings.metrics, &reason);
         tracing::debug!(%reason, waited = ?start.elapsed(), "lock acquisition timed out");
         LockError::TimedOut {
             key: keys.display().to_string(),
