@@ -9,7 +9,7 @@
 //! | `sage_lock_busy_retries_total` | counter | attempts that found the lock held by another owner (a `try_*` call's included) |
 //! | `sage_lock_handoffs_total` | counter | acquisitions a release handed over on the server (no acquire round trip) |
 //! | `sage_lock_transient_retries_total` | counter | acquisition attempts that hit a transient failure (an error retried, or a connection that was down while the attempt waited; a server that does not answer counts in timeouts only) |
-//! | `sage_lock_timeouts_total` | counter | acquisitions that gave up (`TimedOut`), labelled by `reason`: `busy`, `not_acknowledged`, `unavailable`, `pool_exhausted`, `held_by_this_task`, `behind_own_hold` (the [`TimeoutReason`](crate::TimeoutReason)) |
+//! | `sage_lock_timeouts_total` | counter | acquisitions that gave up (`TimedOut`), labelled by `reason`: `busy`, `not_acknowledged`, `unavailable`, `pool_exhausted`, `held_by_this_task`, `behind_own_hold` (the [`TimeoutReason`]) |
 //! | `sage_lock_renewals_total` | counter | successful renewals |
 //! | `sage_lock_renewal_failures_total` | counter | renewal attempts that failed (may recover) |
 //! | `sage_lock_losses_total` | counter | held locks lost (`LockLost`, or found lost by the release) |
