@@ -229,7 +229,59 @@ async fn a_call_cancelled_after_its_lock_was_taken_away_counts_a_loss() {
         let after = client.stats();
         assert!(counted, "{kind}: no loss counted: {before:?} -> {after:?}");
         assert_eq!(after.releases, before.releases, "{kind}: {after:?}");
-        assert_logged(kind, &ns, "lock lost before its release", "k", &[]);
+        assert_logged(
+            kind,
+            &ns,
+            "lock lost before its release",
+            "k",
+            &["body=\"cancelled\""],
+        );
+        client.quit().await;
+    }
+}
+
+/// A body that panics after its lock was taken away: its release, in the background, finds the
+/// key gone (a loss, counted) and the warning says the body panicked, not that its call was
+/// cancelled (before, the two could not be told apart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_panics_is_told_from_a_cancelled_call() {
+    observers();
+    for kind in ServerKind::ALL {
+        let client = shared_client(kind).await;
+        let ns = namespace("panicked-loss", kind);
+        let locks = family(&client, &ns, Duration::from_secs(6));
+        let operator = locks.clone();
+        let before = client.stats();
+        let panicked = tokio::spawn(async move {
+            locks
+                .with_lock("k", Duration::from_secs(2), async move {
+                    operator
+                        .force_unlock_by("k", "the test")
+                        .await
+                        .expect("force");
+                    panic!("the body's own bug");
+                })
+                .await
+        })
+        .await;
+        assert!(
+            panicked
+                .as_ref()
+                .is_err_and(tokio::task::JoinError::is_panic),
+            "{kind}: the body did not panic: {panicked:?}"
+        );
+        let counted = eventually(Duration::from_secs(2), async || {
+            client.stats().losses > before.losses
+        })
+        .await;
+        assert!(counted, "{kind}: no loss counted: {:?}", client.stats());
+        assert_logged(
+            kind,
+            &ns,
+            "lock lost before its release",
+            "k",
+            &["body=\"panicked\""],
+        );
         client.quit().await;
     }
 }

@@ -1,6 +1,7 @@
 //! Holding: the body runs under renewal, raced against loss of the hold; then release.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use fred::bytes::Bytes;
@@ -39,6 +40,15 @@ pub(crate) async fn hold<F: Future>(
         held.lease.clone(),
         body,
     );
+    let panicked = &held.body_panicked;
+    let body = async move {
+        let mut body = std::pin::pin!(body);
+        std::future::poll_fn(|cx| {
+            let _unwinding = PanicMark(panicked);
+            body.as_mut().poll(cx)
+        })
+        .await
+    };
     tokio::select! {
         biased;
         reason = lost_rx => {
@@ -57,6 +67,18 @@ pub(crate) async fn hold<F: Future>(
         output = body => {
             Box::pin(held.release()).instrument(span).await;
             Ok(output)
+        }
+    }
+}
+
+/// Marks its flag when dropped while the thread unwinds: around a poll of the body, it tells
+/// a body that panicked from a call that was cancelled (the hold is dropped either way).
+struct PanicMark<'a>(&'a AtomicBool);
+
+impl Drop for PanicMark<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Relaxed);
         }
     }
 }
@@ -115,6 +137,8 @@ pub(crate) struct Held {
     pub(crate) body_started: bool,
     /// A release of this hold was sent (it may have run even if its call was dropped).
     pub(crate) release_sent: bool,
+    /// The body panicked while it was polled (its hold is then dropped, not released after it).
+    pub(crate) body_panicked: AtomicBool,
 }
 
 impl Held {
@@ -146,7 +170,7 @@ impl Held {
         self.armed = false;
         self.metrics.held(held);
         match released {
-            Released::NotOurs => release.lost_before_release(held),
+            Released::NotOurs => release.lost_before_release(held, "ended"),
             Released::Removed => tracing::debug!(?held, "lock released"),
             Released::Unsettled => {}
         }
@@ -293,11 +317,18 @@ impl Drop for Held {
         if self.armed {
             // A hold whose call was cancelled (or whose body panicked): held until now, its
             // release reported as a body's that ends is.
-            let held = self.body_started.then(|| self.lease.held_for());
-            if release_in_background(self, held).is_some()
-                && let Some(held) = held
+            let ended = self.body_started.then(|| Ended {
+                held: self.lease.held_for(),
+                cause: if self.body_panicked.load(Ordering::Relaxed) {
+                    "panicked"
+                } else {
+                    "cancelled"
+                },
+            });
+            if release_in_background(self, ended).is_some()
+                && let Some(ended) = ended
             {
-                self.metrics.held(held);
+                self.metrics.held(ended.held);
             }
         }
     }
@@ -308,12 +339,22 @@ impl Drop for Held {
 /// returns and leaves that release to the background.
 const ABANDON_WAIT: Duration = Duration::from_millis(20);
 
+/// How a hold whose body ran ended without its call's release.
+#[derive(Debug, Clone, Copy)]
+struct Ended {
+    /// From the grant to the drop.
+    held: Duration,
+    /// `cancelled` (the call's future was dropped) or `panicked` (dropped while the thread
+    /// unwound: its body, or another future of its task, panicked).
+    cause: &'static str,
+}
+
 /// Releases `held` in a task of its own (`None` outside a runtime), counted for `quit` from
-/// now. With `report`, the hold's time held, its body ran: the outcome is logged, and a key
-/// found gone counted as a loss (a cancelled call's release).
+/// now. With `report` (the body ran): the outcome is logged, and a key found gone counted as a
+/// loss.
 fn release_in_background(
     held: &Held,
-    report: Option<Duration>,
+    report: Option<Ended>,
 ) -> Option<tokio::task::JoinHandle<()>> {
     use tracing::instrument::WithSubscriber as _;
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -329,13 +370,15 @@ fn release_in_background(
                 let _releasing = releasing;
                 let released = release.run().await;
                 match (report, released) {
-                    (Some(held), Released::NotOurs) => release.lost_before_release(held),
-                    (Some(held), Released::Removed) => tracing::debug!(
+                    (Some(ended), Released::NotOurs) => {
+                        release.lost_before_release(ended.held, ended.cause);
+                    }
+                    (Some(ended), Released::Removed) => tracing::debug!(
                         key = %release.keys.display(),
                         namespace = %release.namespace,
-                        ?held,
-                        "lock released (in the background: the call was cancelled, or its body \
-                         panicked)"
+                        held = ?ended.held,
+                        body = ended.cause,
+                        "lock released (in the background: its call was cancelled, or its body panicked)"
                     ),
                     _ => {}
                 }

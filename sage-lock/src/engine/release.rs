@@ -265,15 +265,17 @@ impl Release {
         Released::Removed
     }
 
-    /// The body ran to its end (or its call was cancelled), but the key no longer held this
-    /// hold's token: a loss, counted and warned about.
-    pub(super) fn lost_before_release(&self, held: Duration) {
+    /// The body ran to its end (or its call was cancelled, or it panicked), but the key no
+    /// longer held this hold's token: a loss, counted and warned about. `body`: how the body
+    /// ended (`ended`, `cancelled`, `panicked`).
+    pub(super) fn lost_before_release(&self, held: Duration, body: &'static str) {
         self.engine.conn.stats.record(&self.metrics, Event::Loss);
         tracing::warn!(
             key = %self.keys.display(),
             namespace = %self.namespace,
             fencing_token = self.fence,
             ?held,
+            body,
             "lock lost before its release: the body ended, but the key no longer held this \
              owner's token (expired, force-unlocked or deleted): another owner may have \
              held it meanwhile (a store checking fencing tokens rejects this holder's \

@@ -100,6 +100,7 @@ pub(crate) async fn acquire(
         hold_at_least: Duration::ZERO,
         uncontended: false,
         body_started: false,
+        body_panicked: std::sync::atomic::AtomicBool::new(false),
         release_sent: false,
         part_fences: Vec::new(),
     };
