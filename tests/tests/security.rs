@@ -262,6 +262,53 @@ async fn plaintext_to_a_tls_port_fails_clearly() {
     assert!(took < Duration::from_secs(5), "hung for {took:?}: {text}");
 }
 
+/// A port where another service answers (an HTTP server), or where the peer closes every
+/// connection at once: the error says the endpoint does not speak the Redis protocol, or
+/// closed the connection, and to check the port, not "is the server running and reachable?"
+/// (it is; an audit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_is_not_redis_is_named() {
+    use std::io::Write as _;
+    let http = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let http_port = http.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for stream in http.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+        }
+    });
+    let closing = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let closing_port = closing.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for stream in closing.incoming() {
+            drop(stream);
+        }
+    });
+    for (what, port, expected) in [
+        ("http", http_port, "does not answer in the Redis protocol"),
+        ("closing", closing_port, "closed the connection"),
+    ] {
+        let result = LockClient::builder()
+            .url(&format!("redis://127.0.0.1:{port}"))
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await;
+        let Err(error @ LockError::Backend { .. }) = result else {
+            panic!("{what}: connected to something that is not Redis: {result:?}");
+        };
+        let message = error.to_string();
+        println!("{what}: {message}");
+        assert!(
+            message.contains(expected) && message.contains("port"),
+            "{what}: {message}"
+        );
+        assert!(
+            !message.contains("is the server running and reachable"),
+            "{what}: {message}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_ca_input_errors_are_invalid_arguments() {
     let dir = tls_server().dir();

@@ -483,3 +483,53 @@ async fn a_password_changed_under_a_connected_client_is_named() {
         client.quit().await;
     }
 }
+
+/// A URL with a user name and no password (`redis://bob@host`) authenticates as that user
+/// (with an empty password: an ACL user with `nopass` gets in, one with a password is refused
+/// with a clear error). Before, no `AUTH` was sent and the client ran as the `default` user
+/// without a word (an audit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_user_without_a_password_authenticates_as_that_user() {
+    use sage_lock::fred::interfaces::ClientLike as _;
+    for kind in ServerKind::ALL {
+        let server = harness::Server::start(kind);
+        server.cmd_ok(&[
+            "ACL",
+            "SETUSER",
+            "bob",
+            "on",
+            ">bobs-secret",
+            "~*",
+            "&*",
+            "+@all",
+        ]);
+        server.cmd_ok(&[
+            "ACL", "SETUSER", "carol", "on", "nopass", "~*", "&*", "+@all",
+        ]);
+        let url = |user: &str| format!("redis://{user}@127.0.0.1:{}", server.port());
+        let refused = LockClient::builder()
+            .url(&url("bob"))
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await;
+        let Err(error) = refused else {
+            panic!("{kind}: bob, whose password the URL does not give, connected");
+        };
+        let text = error.to_string();
+        println!("{kind}: {text}");
+        assert!(text.contains("refused the credentials"), "{kind}: {text}");
+        let carol = LockClient::connect(&url("carol"))
+            .await
+            .expect("a nopass user connects");
+        let whoami: String = carol
+            .fred()
+            .custom(
+                sage_lock::fred::types::CustomCommand::new_static("ACL WHOAMI", None, false),
+                Vec::<String>::new(),
+            )
+            .await
+            .expect("ACL WHOAMI");
+        assert_eq!(whoami, "carol", "{kind}: the client is not the URL's user");
+        carol.quit().await;
+    }
+}
