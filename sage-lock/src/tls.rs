@@ -220,7 +220,8 @@ pub(crate) fn connect_hint(error: &Error, tls: bool) -> &'static str {
          characters such as @ : / in it), or set it in the fred Config"
     } else if mentions(&["WRONGPASS", "invalid password", "invalid username-password"]) {
         "the server refused the credentials: check the user name and password in the URL (or \
-         the fred Config)"
+         the fred Config; a URL with a user name and no password authenticates with an empty \
+         one)"
     } else if mentions(&["CertificateRequired"]) {
         "the server requires a client certificate (tls-auth-clients yes): pass one its CA \
          signed with LockClientBuilder::tls_client_cert_file or tls_client_cert_pem"
@@ -258,6 +259,21 @@ pub(crate) fn connect_hint(error: &Error, tls: bool) -> &'static str {
     } else if mentions(&["Connection refused", "os error 111"]) {
         "nothing accepts connections there: is the server running, and are the host and port \
          right?"
+    } else if !tls && mentions(&["Decode Error", "Invalid frame type"]) {
+        "something answers there, but it does not answer in the Redis protocol: check the \
+         port (another service may listen on it); if the server only accepts TLS there \
+         (tls-port), connect with rediss://"
+    } else if mentions(&[
+        "Connection reset",
+        "os error 104",
+        "unexpected end of file",
+        "UnexpectedEof",
+        "Broken pipe",
+        "os error 32",
+    ]) {
+        "the peer closed the connection at once: check the port (is a Redis or Valkey server \
+         listening on it?); a server that only accepts TLS there (tls-port, connect with \
+         rediss://) also does this"
     } else if tls {
         "is the server running, reachable, and accepting TLS on this port (tls-port)? A \
          plaintext port does not answer a TLS handshake (the connection times out): use \

@@ -68,7 +68,7 @@ pub(crate) fn parse_url(url: &str) -> Result<Config, LockError> {
         // fred builds its rustls configuration for rediss:// from the process-wide provider.
         crate::tls::install_crypto_provider();
     }
-    let config = Config::from_url(url).map_err(|error| {
+    let mut config = Config::from_url(url).map_err(|error| {
         LockError::invalid(
             "url",
             format!(
@@ -81,6 +81,12 @@ pub(crate) fn parse_url(url: &str) -> Result<Config, LockError> {
             ),
         )
     })?;
+    // fred sends no `AUTH` without a password, so `redis://bob@host` would run as the
+    // `default` user: authenticate as the user named, with an empty password (which a
+    // `nopass` user accepts, and a user with a password refuses, with a clear error).
+    if config.username.is_some() && config.password.is_none() {
+        config.password = Some(String::new());
+    }
     // fred ignores a cluster URL's path: a database there would be silently dropped.
     let path = url
         .split_once("://")
