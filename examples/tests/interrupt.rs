@@ -1,6 +1,7 @@
 //! The demo and the service example on a server of the user's (`SAGE_LOCK_URL`), interrupted
-//! with Ctrl-C (SIGINT) mid-run: they stop their workers, remove their own data keys from the
-//! server, and exit with 130, as a shell expects of an interrupted program.
+//! with Ctrl-C (SIGINT) mid-run: they stop their workers, remove their own keys from the server
+//! (data and locks: nothing of theirs is left), and exit with 130, as a shell expects of an
+//! interrupted program. A service run to its end leaves nothing either.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,7 +22,7 @@ async fn keys(client: &LockClient, pattern: &str) -> Vec<String> {
 }
 
 /// Runs `bin` against `server`, waits until its data keys (`pattern`) appear, sends SIGINT, and
-/// returns its exit code, stderr and the data keys left on the server.
+/// returns its exit code, stderr and every key left on the server (its own throwaway one).
 fn interrupt(
     bin: &str,
     args: &[&str],
@@ -58,7 +59,7 @@ fn interrupt(
     let output = child.wait_with_output().expect("wait for the example");
     // Give killed workers' last commands time to land before looking.
     std::thread::sleep(Duration::from_millis(300));
-    let left = runtime.block_on(keys(&client, pattern));
+    let left = runtime.block_on(keys(&client, "*"));
     runtime.block_on(client.quit());
     (
         output.status.code(),
@@ -97,4 +98,31 @@ fn an_interrupted_service_removes_its_data() {
         assert!(left.is_empty(), "{kind}: left on the server: {left:?}");
         assert!(stderr.contains("interrupted"), "{kind}: {stderr}");
     }
+}
+
+/// A service run to its end, on a server of the user's: its data and its locks' keys (in the
+/// run's own namespaces) are gone afterwards (before, the locks' fencing counters and grant
+/// times stayed, in the fixed namespaces `accounts` and `journal`: an audit).
+#[test]
+fn a_service_run_leaves_nothing_on_the_server() {
+    let server = ThrowawayServer::start_kind(ServerKind::Redis).expect("start a server");
+    let output = Command::new(env!("CARGO_BIN_EXE_service"))
+        .args(["--seconds", "1"])
+        .env(sage_lock_examples::URL_VARIABLE, server.url())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the service example");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("CONSERVED"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let client = runtime
+        .block_on(LockClient::connect(server.url()))
+        .expect("connect");
+    let left = runtime.block_on(keys(&client, "*"));
+    runtime.block_on(client.quit());
+    assert!(left.is_empty(), "left on the server: {left:?}");
 }

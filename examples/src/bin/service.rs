@@ -26,8 +26,11 @@
 //! journal's sequence number matches its length; it exits non-zero when an invariant is violated.
 //!
 //! Uses `SAGE_LOCK_URL` when set, else starts a throwaway `redis-server` (`--valkey`:
-//! `valkey-server`). `RUST_LOG=service=debug` logs every transfer with its fencing tokens.
+//! `valkey-server`). On a server of the user's it leaves nothing: its data keys carry the run's
+//! id, its profiles' namespaces get `-<run>` appended (unlike a real service's), and it removes
+//! both when it ends. `RUST_LOG=service=debug` logs every transfer with its fencing tokens.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::io::IsTerminal as _;
 use std::process::ExitCode;
@@ -154,6 +157,8 @@ struct Bank {
     store: Client,
     /// Prefix of this run's data keys, so that runs against a shared server do not mix.
     run: String,
+    /// This run's lock namespaces, by profile name (see [`per_run`]).
+    namespaces: HashMap<String, String>,
 }
 
 impl Bank {
@@ -393,7 +398,38 @@ async fn main() -> std::process::ExitCode {
     sage_lock_examples::finish(run().await)
 }
 
-/// Removes this run's data keys (balances, journal) from the server.
+/// The profiles with each namespace made this run's own (`accounts` becomes `accounts-<run>`),
+/// and those namespaces by profile name: runs against a shared server then neither contend for
+/// each other's locks nor leave keys in a namespace a real service may use. A service keeps its
+/// configured namespaces; only this example, which may run against any server, does this.
+fn per_run(
+    profiles: Profiles,
+    text: &str,
+    run: &str,
+) -> anyhow::Result<(Profiles, HashMap<String, String>)> {
+    let table: toml::Table = toml::from_str(text)?;
+    let configured = |name: &str| {
+        table
+            .get("lock_profiles")
+            .and_then(|profiles| profiles.get(name))
+            .and_then(|profile| profile.get("namespace"))
+            .and_then(toml::Value::as_str)
+            .unwrap_or("lock")
+            .to_owned()
+    };
+    let mut namespaces = HashMap::new();
+    let mut mine = Profiles::new();
+    for (name, profile) in profiles.iter() {
+        let namespace = format!("{}-{run}", configured(name));
+        mine.insert(name, profile.clone().namespace(namespace.as_str()));
+        namespaces.insert(name.to_owned(), namespace);
+    }
+    Ok((mine, namespaces))
+}
+
+/// Removes this run's keys from the server: its data (balances, journal) and what its locks
+/// leave behind (fencing counters, grant times, the queues of waiters cut off), in this run's
+/// own namespaces.
 async fn remove_data(
     client: &LockClient,
     bank: &Bank,
@@ -401,8 +437,22 @@ async fn remove_data(
     accounts: u64,
 ) -> anyhow::Result<()> {
     let (seq_key, entries_key) = journal.keys();
-    let mut keys: Vec<String> = (0..accounts).map(|a| bank.balance_key(a)).collect();
-    keys.extend([seq_key, entries_key]);
+    let mut keys: Vec<Vec<u8>> = (0..accounts)
+        .map(|a| bank.balance_key(a).into_bytes())
+        .collect();
+    keys.extend([seq_key.into_bytes(), entries_key.into_bytes()]);
+    let locks = (0..accounts)
+        .map(|a| ("accounts", format!("account:{a}")))
+        .chain([("journal", format!("journal:{}", journal.run))]);
+    for (profile, key) in locks {
+        if let Some(namespace) = bank.namespaces.get(profile) {
+            let lock = LockClient::server_key(namespace, key.as_str());
+            for suffix in ["", ":fence", ":since", ":queue", ":waiters"] {
+                keys.push([lock.as_slice(), suffix.as_bytes()].concat());
+            }
+        }
+    }
+    let keys: Vec<fred::bytes::Bytes> = keys.into_iter().map(Into::into).collect();
     let _: i64 = client.fred().del(keys).await?;
     Ok(())
 }
@@ -438,15 +488,17 @@ async fn run() -> anyhow::Result<ExitCode> {
         .map_err(|error| anyhow::anyhow!("reading the lock profiles {path}: {error}"))?;
     let config: Config = toml::from_str(&text)
         .map_err(|error| anyhow::anyhow!("invalid lock profiles in {path}: {error}"))?;
-    global::set_profiles(config.lock_profiles)?;
+    let run = format!("{:08x}", rand::random::<u32>());
+    let (profiles, namespaces) = per_run(config.lock_profiles, &text, &run)?;
+    global::set_profiles(profiles)?;
     global::check_profiles()?;
     let client = LockClient::connect(server.url()).await?;
     global::install(client.clone())?;
 
-    let run = format!("{:08x}", rand::random::<u32>());
     let bank = Arc::new(Bank {
         store: client.fred().clone(),
         run: run.clone(),
+        namespaces,
     });
     let journal = Arc::new(Journal {
         locks: LockClient::connect(server.url()).await?,

@@ -19,8 +19,9 @@ pub(crate) struct Check {
 }
 
 /// Removes the run's data keys (counters, owner markers, fences) from the server, and the keys
-/// its locks leave behind (each key's fencing counter and `:since` marker): the run's
-/// namespaces are its own, so nothing of it is left on a server the user pointed the demo at.
+/// its locks leave behind (each key's fencing counter, `:since` marker, and the queue of
+/// waiters an interrupted run cut off): the run's namespaces are its own, so nothing of it is
+/// left on a server the user pointed the demo at.
 pub(crate) async fn remove_data(
     client: &LockClient,
     run: &str,
@@ -37,7 +38,7 @@ pub(crate) async fn remove_data(
             vec![counter_key.into(), owner_key.into(), fence_key.into()];
         for namespace in &namespaces {
             let lock = LockClient::server_key(namespace, key.as_str());
-            for suffix in ["", ":fence", ":since"] {
+            for suffix in ["", ":fence", ":since", ":queue", ":waiters"] {
                 keys.push([lock.as_slice(), suffix.as_bytes()].concat().into());
             }
         }
