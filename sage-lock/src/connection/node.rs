@@ -91,6 +91,24 @@ struct NodeFacts {
     replica_of: Option<Option<String>>,
     /// A primary's connected replicas.
     replicas: Option<u64>,
+    /// `INFO`'s `redis_version` (Valkey reports the Redis version it is compatible with).
+    version: Option<String>,
+}
+
+/// The oldest Redis sage-lock runs on: its scripts use `SET` with both `NX` and `GET`, sharded
+/// pub/sub (`SPUBLISH`) and `PEXPIRETIME`, all Redis 7.0 (and every Valkey).
+const MIN_REDIS_MAJOR: u64 = 7;
+
+/// Why a server of `version` (`INFO`'s `redis_version`) cannot run sage-lock's locks, if so.
+fn too_old(version: &str, target: &str) -> Option<String> {
+    let major: u64 = version.split('.').next()?.trim().parse().ok()?;
+    (major < MIN_REDIS_MAJOR).then(|| {
+        format!(
+            "{target} runs Redis {version}, and sage-lock needs Redis 7.0 or later (or Valkey): \
+             its lock scripts use SET with NX and GET together, sharded pub/sub (SPUBLISH) and \
+             PEXPIRETIME; upgrade the server"
+        )
+    })
 }
 
 impl NodeFacts {
@@ -112,6 +130,7 @@ impl NodeFacts {
                 || field("server_mode") == Some("sentinel"),
             replica_of,
             replicas: field("connected_slaves").and_then(|n| n.parse().ok()),
+            version: field("redis_version").map(str::to_owned),
         }
     }
 
@@ -158,6 +177,7 @@ impl NodeFacts {
             sentinel: name.as_deref() == Some("sentinel"),
             replica_of,
             replicas,
+            version: None,
         })
     }
 }
@@ -211,6 +231,12 @@ pub(crate) async fn wrong_node_problem(
              redis-sentinel://host:port?sentinelServiceName=NAME (the Sentinels' addresses; \
              they name the primary of the service NAME)"
         )
+    } else if let Some(old) = facts
+        .version
+        .as_deref()
+        .and_then(|version| too_old(version, target))
+    {
+        old
     } else if let Some(primary) = facts
         .replica_of
         .as_ref()
@@ -244,4 +270,36 @@ pub(crate) async fn wrong_node_problem(
         problem: Some(problem),
         delifeq,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Redis 6 and older are refused at connect, naming the version and the fix; Redis 7 and
+    /// Valkey (which reports `redis_version:7.2.4`) pass. (No Redis 6 server is installed here,
+    /// so the refusal is tested on `INFO` text.)
+    #[test]
+    fn servers_older_than_redis_7_are_named() {
+        let facts = NodeFacts::from_info("# Server\r\nredis_version:6.2.14\r\nrole:master\r\n");
+        let problem = facts
+            .version
+            .as_deref()
+            .and_then(|version| too_old(version, "127.0.0.1:6379"))
+            .expect("Redis 6 is too old");
+        assert!(
+            problem.contains("Redis 6.2.14") && problem.contains("7.0 or later"),
+            "{problem}"
+        );
+        for info in [
+            "redis_version:7.0.15\r\n",
+            "redis_version:7.2.4\r\nvalkey_version:9.1.2\r\n",
+            "redis_version:8.0.0\r\n",
+            "redis_version:unknown\r\n",
+        ] {
+            let facts = NodeFacts::from_info(info);
+            let version = facts.version.as_deref().expect("a version");
+            assert_eq!(too_old(version, "node"), None, "{info}");
+        }
+    }
 }
