@@ -669,6 +669,34 @@ async fn zero_renewal_batch_limit_is_refused() {
     assert!(message.contains("at least 1"), "{message}");
 }
 
+/// A command or connect timeout under a millisecond (fred counts whole milliseconds) is refused
+/// with the setting's name, not accepted and then reported as an unreachable server on every
+/// connect (an audit: `command_timeout(1ns)`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sub_millisecond_timeouts_are_refused() {
+    for (argument, builder) in [
+        (
+            "command_timeout",
+            LockClient::builder().command_timeout(Duration::from_nanos(1)),
+        ),
+        (
+            "connect_timeout",
+            LockClient::builder().connect_timeout(Duration::from_micros(999)),
+        ),
+    ] {
+        let refused = builder.url("redis://127.0.0.1:1").connect().await;
+        let Err(LockError::InvalidArgument {
+            argument: named,
+            message,
+        }) = &refused
+        else {
+            panic!("{argument}: accepted: {refused:?}");
+        };
+        assert_eq!(*named, argument, "{message}");
+        assert!(message.contains("at least 1ms"), "{argument}: {message}");
+    }
+}
+
 /// Runs `primitive_worker` processes (`(mode, rounds)` each) against `url` in `namespace`;
 /// returns each one's `(holds, violations)`.
 async fn run_workers(url: &str, namespace: &str, workers: &[(&str, &str)]) -> Vec<(u64, u64)> {
