@@ -352,14 +352,15 @@ impl LockClientBuilder {
         self
     }
 
-    /// Longest time one command may take before it counts as a (transient) failure (default 5 s).
+    /// Longest time one command may take before it counts as a (transient) failure (default 5 s;
+    /// at least 1 ms).
     #[must_use]
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
         self.command_timeout = timeout;
         self
     }
 
-    /// Longest time the initial connection may take (default 10 s).
+    /// Longest time the initial connection may take (default 10 s; at least 1 ms).
     #[must_use]
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
@@ -423,17 +424,25 @@ impl LockClientBuilder {
                 "must be at least 1 lease per renewal call, got 0",
             ));
         }
-        if self.command_timeout.is_zero() {
-            return Err(LockError::invalid(
+        // fred counts whole milliseconds: less would be no time at all.
+        for (argument, timeout, example) in [
+            (
                 "command_timeout",
-                "must be positive, e.g. Duration::from_secs(5)",
-            ));
-        }
-        if self.connect_timeout.is_zero() {
-            return Err(LockError::invalid(
+                self.command_timeout,
+                "Duration::from_secs(5)",
+            ),
+            (
                 "connect_timeout",
-                "must be positive, e.g. Duration::from_secs(10)",
-            ));
+                self.connect_timeout,
+                "Duration::from_secs(10)",
+            ),
+        ] {
+            if timeout < Duration::from_millis(1) {
+                return Err(LockError::invalid(
+                    argument,
+                    format!("must be at least 1ms, e.g. {example}; got {timeout:?}"),
+                ));
+            }
         }
         let mut deployment = Deployment::of(&config.server);
         if deployment == Deployment::Standalone && self.replicated == Some(true) {
