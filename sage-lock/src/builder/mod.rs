@@ -17,8 +17,10 @@ use crate::tls;
 use crate::topology::Deployment;
 use crate::url::{describe, parse_url, redact};
 
+mod checks;
 mod fred_settings;
 
+use checks::check_limits;
 use fred_settings::{build_fred, first_connection};
 
 /// Default size of the dedicated connection pool; change it with
@@ -412,38 +414,12 @@ impl LockClientBuilder {
         if let Some(tls) = tls.build()? {
             config.tls = Some(tls);
         }
-        if self.max_connections == 0 {
-            return Err(LockError::invalid(
-                "max_connections",
-                "must be at least 1, got 0",
-            ));
-        }
-        if self.renewal_batch_limit == 0 {
-            return Err(LockError::invalid(
-                "renewal_batch_limit",
-                "must be at least 1 lease per renewal call, got 0",
-            ));
-        }
-        // fred counts whole milliseconds: less would be no time at all.
-        for (argument, timeout, example) in [
-            (
-                "command_timeout",
-                self.command_timeout,
-                "Duration::from_secs(5)",
-            ),
-            (
-                "connect_timeout",
-                self.connect_timeout,
-                "Duration::from_secs(10)",
-            ),
-        ] {
-            if timeout < Duration::from_millis(1) {
-                return Err(LockError::invalid(
-                    argument,
-                    format!("must be at least 1ms, e.g. {example}; got {timeout:?}"),
-                ));
-            }
-        }
+        check_limits(
+            self.max_connections,
+            self.renewal_batch_limit,
+            self.command_timeout,
+            self.connect_timeout,
+        )?;
         let mut deployment = Deployment::of(&config.server);
         if deployment == Deployment::Standalone && self.replicated == Some(true) {
             deployment = Deployment::Replicated;
