@@ -269,4 +269,28 @@ mod tests {
             "{found:?}"
         );
     }
+
+    /// A variable written in the wrong case (a lower-case profile name or prefix) is reported
+    /// with the upper-case name to set, not as naming no installed profile (an audit).
+    #[test]
+    fn variables_in_the_wrong_case_name_the_right_one() {
+        let profiles = Profiles::new().with("p1", Profile::new());
+        let found = unmatched(
+            &profiles,
+            [
+                "SAGE_LOCK_PROFILE_p1_LEASE",
+                "sage_lock_profile_p1_wait",
+                "SAGE_LOCK_PROFILE_P1_LEASE",
+            ]
+            .into_iter()
+            .map(OsString::from),
+        );
+        assert_eq!(found.len(), 2, "{found:?}");
+        for (variable, why) in &found {
+            assert!(
+                why.contains("upper-case") && why.contains(&variable.to_ascii_uppercase()),
+                "{variable}: {why}"
+            );
+        }
+    }
 }
