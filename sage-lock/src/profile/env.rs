@@ -116,11 +116,18 @@ pub(crate) fn unmatched(
         .collect();
     variables
         .filter_map(|variable| variable.into_string().ok())
-        .filter(|variable| variable.starts_with(PREFIX) && !known.contains(variable))
+        .filter(|variable| {
+            variable.to_ascii_uppercase().starts_with(PREFIX) && !known.contains(variable)
+        })
         .map(|unknown| {
+            let upper = unknown.to_ascii_uppercase();
+            if known.contains(&upper) {
+                let why = format!("override variables are upper-case: set {upper}");
+                return (unknown, why);
+            }
             let profile = profiles
                 .names()
-                .filter(|name| unknown.starts_with(&variable(name, "")))
+                .filter(|name| upper.starts_with(&variable(name, "")))
                 .max_by_key(|name| name.len());
             let why = match profile {
                 Some(name) => format!(
