@@ -782,3 +782,94 @@ async fn a_replicaless_cluster_without_acknowledgement_logs_nothing_about_replic
         );
     }
 }
+
+/// `with_locks` across slots holds its earlier slot's key while it waits for a later one; when
+/// that earlier key is taken away on the server meanwhile (force-unlocked, then taken by
+/// another caller), the body does not start on it: the call gives everything back and waits
+/// again. Before, the body ran while the other caller was inside that key, until the earlier
+/// key's next renewal (a third of the lease: 10 s by default; an audit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_locks_does_not_start_its_body_on_an_earlier_key_taken_away_while_it_waited() {
+    use std::sync::atomic::AtomicBool;
+    for kind in ServerKind::ALL {
+        let url = harness::shared_cluster(kind).url();
+        let ns = format!("earlier-taken-{}", rand::random::<u32>());
+        let mut keys = ["alpha", "beta", "gamma", "delta"];
+        keys.sort_by_key(|key| harness::key_slot(&LockClient::server_key(&ns, key)));
+        let (earlier, later) = (keys[0], keys[3]);
+        assert_ne!(
+            harness::key_slot(&LockClient::server_key(&ns, earlier)),
+            harness::key_slot(&LockClient::server_key(&ns, later))
+        );
+        let family = |client: &LockClient| -> Locks<str> {
+            client
+                .lock_with(LockOptions::new().namespace(ns.as_str()))
+                .expect("locks")
+        };
+        let (a, w, x) = (
+            LockClient::connect(&url).await.expect("connect"),
+            LockClient::connect(&url).await.expect("connect"),
+            LockClient::connect(&url).await.expect("connect"),
+        );
+        let (held_by_a, waiting, other) = (family(&a), family(&w), family(&x));
+
+        // A holds the later key until told.
+        let (release_later, released) = tokio::sync::oneshot::channel::<()>();
+        let holder = tokio::spawn(async move {
+            held_by_a
+                .with_lock(later, Duration::from_secs(5), async move {
+                    let _ = released.await;
+                })
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // W takes the earlier key and waits for the later one (a 30 s lease: no renewal soon).
+        let x_inside = Arc::new(AtomicBool::new(false));
+        let seen = Arc::clone(&x_inside);
+        let waiter = tokio::spawn(async move {
+            waiting
+                .with_locks(&[earlier, later], Duration::from_secs(10), async move {
+                    seen.load(Ordering::SeqCst)
+                })
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            other.is_locked(earlier).await.expect("is_locked"),
+            "{kind}: W did not take the earlier key while it waited"
+        );
+        // The operator takes the earlier key away; X takes it and stays inside for 1.5 s.
+        other
+            .force_unlock_by(earlier, "the test")
+            .await
+            .expect("force_unlock");
+        let inside = Arc::clone(&x_inside);
+        let x_locks = other.clone();
+        let x_entered = Arc::new(tokio::sync::Notify::new());
+        let entered = Arc::clone(&x_entered);
+        let intruder = tokio::spawn(async move {
+            x_locks
+                .with_lock(earlier, Duration::from_secs(5), async move {
+                    inside.store(true, Ordering::SeqCst);
+                    entered.notify_one();
+                    tokio::time::sleep(Duration::from_millis(1_500)).await;
+                    inside.store(false, Ordering::SeqCst);
+                })
+                .await
+        });
+        x_entered.notified().await;
+        // The later key comes free while X is inside the earlier one.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _ = release_later.send(());
+        holder.await.expect("holder").expect("A's hold");
+        let overlapped = waiter.await.expect("W").expect("W's call");
+        intruder.await.expect("X").expect("X's hold");
+        assert!(
+            !overlapped,
+            "{kind}: W's body ran while X was inside {earlier}, which W had lost while it waited"
+        );
+        for client in [a, w, x] {
+            client.quit().await;
+        }
+    }
+}
