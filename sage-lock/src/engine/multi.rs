@@ -177,28 +177,101 @@ async fn acquire_all(
                     return Err(error);
                 }
                 Err((key, reason)) => {
-                    // Lost before the body ran: nothing was done under it, so start again.
-                    tracing::debug!(%key, ?reason, "a key was lost while waiting for the next; retrying");
-                    taken.give_back().await;
-                    if remaining(deadline).is_zero() {
-                        engine
-                            .conn
-                            .stats
-                            .timed_out(&settings.metrics, &TimeoutReason::Busy);
-                        return Err(LockError::TimedOut {
-                            key: key.to_string(),
-                            namespace: settings.namespace.to_string(),
-                            waited: start.elapsed(),
-                            reason: TimeoutReason::Busy,
-                        });
-                    }
+                    start_again(taken, &key, &reason, engine, settings, start, deadline).await?;
                     tokio::time::sleep(backoff.next_delay(remaining(deadline))).await;
                     continue 'round;
                 }
             }
         }
+        if matches!(mode, Mode::Wait(_))
+            && let Err((key, reason)) = confirm_earlier(engine, settings, units, &taken).await
+        {
+            start_again(taken, &key, &reason, engine, settings, start, deadline).await?;
+            tokio::time::sleep(backoff.next_delay(remaining(deadline))).await;
+            continue 'round;
+        }
         return Ok(Some(taken));
     }
+}
+
+/// An earlier unit was lost before the body ran: nothing was done under it, so everything is
+/// given back, and the call starts again unless its wait has run out (then `TimedOut`).
+async fn start_again(
+    taken: Taken,
+    key: &str,
+    reason: &LossReason,
+    engine: &Arc<Engine>,
+    settings: &LockSettings,
+    start: Instant,
+    deadline: Instant,
+) -> Result<(), LockError> {
+    tracing::debug!(%key, ?reason, "a key was lost before the body started; retrying");
+    taken.give_back().await;
+    if remaining(deadline).is_zero() {
+        let reason = TimeoutReason::Busy;
+        engine.conn.stats.timed_out(&settings.metrics, &reason);
+        return Err(LockError::TimedOut {
+            key: key.to_owned(),
+            namespace: settings.namespace.to_string(),
+            waited: start.elapsed(),
+            reason,
+        });
+    }
+    Ok(())
+}
+
+/// Confirms, once the last unit is granted, that the units taken before it are still this
+/// call's: while it waited for a later unit, an earlier key may have been taken away on the
+/// server (force-unlocked, deleted, flushed), which that key's renewal, a third of the lease
+/// away, would notice only after the body had started. Each earlier unit is renewed in one call,
+/// all of them at once (one round trip); the first key not confirmed is returned.
+async fn confirm_earlier(
+    engine: &Arc<Engine>,
+    settings: &LockSettings,
+    units: &[Unit],
+    taken: &Taken,
+) -> Result<(), (Arc<str>, LossReason)> {
+    let Some((_, earlier)) = taken.helds.split_last() else {
+        return Ok(());
+    };
+    type Confirming<'a> =
+        Pin<Box<dyn Future<Output = Result<(), (Arc<str>, LossReason)>> + Send + 'a>>;
+    let mut confirming: Vec<Confirming<'_>> = earlier
+        .iter()
+        .zip(units)
+        .map(|(held, unit)| {
+            let parts: Vec<_> = unit
+                .parts
+                .iter()
+                .map(|part| held.renewal_of(part, settings))
+                .collect();
+            Box::pin(async move {
+                crate::renewal::confirm(&engine.conn, &parts)
+                    .await
+                    .map_err(|(index, reason)| {
+                        let part = unit.parts.get(index).unwrap_or(&unit.keys);
+                        (Arc::clone(part.display()), reason)
+                    })
+            }) as Confirming<'_>
+        })
+        .collect();
+    poll_fn(|cx| {
+        let mut failed = None;
+        confirming.retain_mut(|confirm| match confirm.as_mut().poll(cx) {
+            Poll::Pending => true,
+            Poll::Ready(Ok(())) => false,
+            Poll::Ready(Err(lost)) => {
+                failed.get_or_insert(lost);
+                false
+            }
+        });
+        match failed {
+            Some(lost) => Poll::Ready(Err(lost)),
+            None if confirming.is_empty() => Poll::Ready(Ok(())),
+            None => Poll::Pending,
+        }
+    })
+    .await
 }
 
 /// The first key of `units` that a hold of the current task keeps this call out of.

@@ -14,6 +14,7 @@
 //! usable lease runs out first; the owner's `with_lock` call hears of it through a oneshot channel.
 
 mod batch;
+mod confirm;
 mod target;
 
 use std::collections::{BTreeSet, HashMap};
@@ -32,6 +33,7 @@ use crate::observe::Event;
 use crate::retry::Backoff;
 use crate::topology::Deployment;
 use batch::{Batch, BatchKey, Outcome, Place, closed_by_quit};
+pub(crate) use confirm::confirm;
 pub(crate) use target::{HoldKind, RenewTarget, Renewal};
 
 struct Entry {
