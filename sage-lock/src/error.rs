@@ -116,7 +116,8 @@ impl LockError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TimeoutReason {
-    /// Another owner held the lock for the whole wait.
+    /// Another owner held the lock for the whole wait, or it was owed to callers queued ahead
+    /// (a queued writer keeps new readers out; a free permit goes to the first waiters).
     Busy,
     /// The lock was granted but the primary's replicas did not acknowledge it in time; it was
     /// released again.
@@ -150,7 +151,9 @@ pub enum TimeoutReason {
 impl fmt::Display for TimeoutReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            TimeoutReason::Busy => f.write_str("held by another owner for the whole wait"),
+            TimeoutReason::Busy => f.write_str(
+                "held by another owner, or owed to callers queued ahead, for the whole wait",
+            ),
             TimeoutReason::NotAcknowledged {
                 acknowledged,
                 required,
