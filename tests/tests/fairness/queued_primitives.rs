@@ -602,3 +602,79 @@ async fn a_waiting_call_does_not_wait_behind_local_waiters_of_other_locks() {
         );
     }
 }
+
+/// Families of different `permits` on one key keep the arrival order: a `permits = 1` waiter at
+/// the head of the queue is not passed by `permits = 3` callers (in another client) that keep
+/// two holders in, so it gets in once the holders drop, well within its wait. Before, "free"
+/// was counted against each caller's own limit: the larger family kept getting in past it, and
+/// it waited out its whole wait (helper 32: 5 s, while the others entered 138 times).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_smaller_limit_waiter_is_not_passed_by_a_larger_limit_family() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let ns = ns("sem-mixed", kind);
+        let (big_client, small_client) =
+            (connect(&server.url()).await, connect(&server.url()).await);
+        let options = || {
+            LockOptions::new()
+                .namespace(ns.as_str())
+                .lease(Duration::from_secs(5))
+        };
+        let big: sage_lock::Semaphores<str> =
+            big_client.semaphore_with(3, options()).expect("options");
+        let small: sage_lock::Semaphores<str> =
+            small_client.semaphore_with(1, options()).expect("options");
+        // Two tasks of the larger family, in and out of the key for 4 s: two holders most of
+        // the time, at least one all of the time.
+        let until = Instant::now() + Duration::from_secs(4);
+        let loops: Vec<_> = (0..2)
+            .map(|i| {
+                let big = big.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(50 * i)).await;
+                    let mut entered = 0_u32;
+                    while Instant::now() < until {
+                        if big
+                            .acquire("k", Duration::from_secs(5), async {
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            })
+                            .await
+                            .is_ok()
+                        {
+                            entered += 1;
+                        }
+                    }
+                    entered
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let asked = Instant::now();
+        let small_entered = small
+            .acquire("k", Duration::from_millis(2_500), async { asked.elapsed() })
+            .await;
+        let mut big_entered = 0;
+        for task in loops {
+            big_entered += task.await.expect("big family task");
+        }
+        println!(
+            "{}: the permits = 1 waiter: {small_entered:?}; the permits = 3 callers entered \
+             {big_entered} times",
+            kind.name()
+        );
+        let waited = small_entered.unwrap_or_else(|error| {
+            panic!(
+                "{}: the permits = 1 waiter was passed for its whole wait ({big_entered} \
+                 entries of the larger family): {error}",
+                kind.name()
+            )
+        });
+        assert!(
+            waited < Duration::from_millis(1_500),
+            "{}: the permits = 1 waiter got in only after {waited:?}",
+            kind.name()
+        );
+        big_client.quit().await;
+        small_client.quit().await;
+    }
+}
