@@ -523,12 +523,15 @@ async fn a_release_hands_the_lock_to_at_most_32_readers() {
 }
 
 /// A process's waiting call never waits behind its own waiters of another primitive on the same
-/// name, nor behind a semaphore waiter that asks for what this call does not need: with the
-/// mutex `k` held by another client and a task of this client waiting for it, this client's
-/// semaphore and read-write lock on `k` (other locks) enter at once; with 1 of the semaphore
-/// `s`'s holders in another client and a task of this client waiting for a 1-holder family's
-/// turn, this client's 4-holder family enters at once. Before, each of them waited out its
-/// whole wait (2 s) behind the local waiter and then said "held by another owner".
+/// name: with the mutex `k` held by another client and a task of this client waiting for it,
+/// this client's semaphore and read-write lock on `k` (other locks) enter at once. Before, each
+/// of them waited out its whole wait (2 s) behind the local waiter and then said "held by
+/// another owner". A semaphore family of a larger limit waits its turn behind a queued waiter
+/// of a smaller one (the arrival order across limits), and enters right after it, not at the
+/// end of its wait: with 1 of the semaphore `s`'s holders in another client and a task of this
+/// client queued for a 1-holder family's turn, this client's 4-holder family enters once that
+/// holder leaves. (Before the arrival order held across limits, the 4-holder family entered at
+/// once, and a 1-holder waiter could be passed for its whole wait.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_call_does_not_wait_behind_local_waiters_of_other_locks() {
     for kind in ServerKind::ALL {
@@ -587,18 +590,25 @@ async fn a_waiting_call_does_not_wait_behind_local_waiters_of_other_locks() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let start = Instant::now();
-        let four = this
-            .semaphore_with::<str>(4, options())
-            .expect("options")
-            .acquire("s", Duration::from_secs(2), async { start.elapsed() })
-            .await;
-        println!("{name}: 4-holder semaphore {four:?}");
+        let four = this.semaphore_with::<str>(4, options()).expect("options");
+        let four = tokio::spawn(async move {
+            four.acquire("s", Duration::from_secs(5), async { start.elapsed() })
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(400)).await;
         release.send(()).expect("release");
         held.await.expect("holder");
         waiting.await.expect("the 1-holder waiter");
+        let four = four.await.expect("the 4-holder task");
+        println!("{name}: 4-holder semaphore {four:?} (the holder left at 400 ms)");
+        let at = four.unwrap_or_else(|error| panic!("{name}: the 4-holder family: {error}"));
         assert!(
-            four.is_ok_and(|at| at < Duration::from_secs(1)),
-            "{name}: the 4-holder family waited behind the 1-holder family's local waiter"
+            at >= Duration::from_millis(350),
+            "{name}: the 4-holder family passed the queued 1-holder waiter ({at:?})"
+        );
+        assert!(
+            at < Duration::from_millis(2_500),
+            "{name}: the 4-holder family entered {at:?} in, long after the holder left (400 ms)"
         );
     }
 }

@@ -54,8 +54,8 @@ use crate::options::LockSettings;
 /// limits may share a key: one with a smaller limit waits until the holders drop below it, one
 /// with a larger limit may add holders beyond the smaller limit. Holders are never revoked when
 /// a limit changes; to lower a key's limit safely, deploy the new limit everywhere and let the
-/// holders above it finish. Mixed limits give up the arrival order: callers of a larger limit
-/// keep getting in past a waiter of a smaller one, which may wait out its whole wait.
+/// holders above it finish. Mixed limits keep the arrival order: a waiter of a smaller limit is
+/// not passed by later callers of a larger one.
 ///
 /// ```no_run
 /// # async fn demo(client: sage_lock::LockClient) -> Result<(), sage_lock::LockError> {

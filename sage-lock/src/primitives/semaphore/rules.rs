@@ -30,9 +30,12 @@ const ANNOUNCED: &str = ":sem}";
 
 /// Acquire. `KEYS`: holder set, fencing counter, waiter queue, waiter places; `ARGV`: token,
 /// lease ms, permits, place ms (0 for a try, which never queues). Granted when a permit is free
-/// (holders whose expiry has passed do not count) and fewer live waiters are queued ahead of the
-/// caller (all of them, for a caller not queued) than permits are free, dead waiters met on the
-/// way being dropped; or when the token already holds a permit (a retry is safe). A grant takes a
+/// for the caller after the live waiters queued ahead of it (all of them, for a caller not
+/// queued) each take one, in queue order and within their own limit (the `<permits>` of a
+/// token's `s<permits>-` prefix; the caller's for a token without one), a waiter whose limit is
+/// reached keeping everyone behind it out (so families of different limits keep the arrival
+/// order), dead waiters met on the way being dropped (holders whose expiry has passed do not
+/// count); or when the token already holds a permit (a retry is safe). A grant takes a
 /// new fencing token, a repeated one too (other holders' grants may have moved the counter on
 /// since this token's first one), and takes the caller out of the queue: `{1, fence}`. Else
 /// `{0, ms until the first permit expires, fencing counter}` (`-1` for the ms when the free
@@ -42,17 +45,32 @@ const ANNOUNCED: &str = ":sem}";
 const ACQUIRE: &str = concat!(
     waiter_queue_lua!(),
     r"
+local function fits(token, now, holders, mine)
+  local at = 0
+  while holders < mine do
+    local waiter = redis.call('ZRANGE', KEYS[3], at, at)[1]
+    if not waiter or waiter == token then
+      return true, waiter == token
+    end
+    if tonumber(redis.call('ZSCORE', KEYS[4], waiter) or '0') > now then
+      if holders >= tonumber(string.match(waiter, '^s(%d+)-') or mine) then
+        return false, false
+      end
+      holders = holders + 1
+      at = at + 1
+    else
+      redis.call('ZREM', KEYS[3], waiter)
+      redis.call('ZREM', KEYS[4], waiter)
+    end
+  end
+  return false, false
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
 local place = tonumber(ARGV[4])
-local free = tonumber(ARGV[3]) - redis.call('ZCOUNT', KEYS[1], now + 1, '+inf')
-local granted, queued = false, false
-if free > 0 then
-  local ahead
-  ahead, queued = live_ahead(3, ARGV[1], now, free)
-  granted = ahead < free
-end
+local granted, queued = fits(ARGV[1], now,
+  redis.call('ZCOUNT', KEYS[1], now + 1, '+inf'), tonumber(ARGV[3]))
 if not granted then
   granted = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or '0') > now
 end
