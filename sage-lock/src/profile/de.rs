@@ -78,15 +78,31 @@ impl<'de> Deserialize<'de> for Profile {
     }
 }
 
-/// A map of profile names to [`Profile`]s; every profile and name is checked.
+/// A map of profile names to [`Profile`]s; every profile and name is checked, and a name given
+/// twice is refused (TOML refuses it itself; JSON and others would keep the last silently).
 impl<'de> Deserialize<'de> for Profiles {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let by_name =
-            std::collections::BTreeMap::<ProfileName, Profile>::deserialize(deserializer)?;
-        let by_name = by_name
-            .into_iter()
-            .map(|(ProfileName(name), profile)| (name, profile))
-            .collect();
+        struct ByName;
+        impl<'de> de::Visitor<'de> for ByName {
+            type Value = std::collections::BTreeMap<String, Profile>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map of lock profile names to profiles")
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut by_name = std::collections::BTreeMap::new();
+                while let Some(ProfileName(name)) = map.next_key()? {
+                    let profile: Profile = map.next_value()?;
+                    if by_name.contains_key(&name) {
+                        return Err(de::Error::custom(format!(
+                            "lock profile {name:?} is given twice; keep one"
+                        )));
+                    }
+                    by_name.insert(name, profile);
+                }
+                Ok(by_name)
+            }
+        }
+        let by_name = deserializer.deserialize_map(ByName)?;
         let profiles = Profiles { by_name };
         profiles.check().map_err(de::Error::custom)?;
         Ok(profiles)
@@ -305,5 +321,21 @@ mod tests {
         let error =
             toml::from_str::<LockOptions>("hold_at_least = \"9000h\"").expect_err("too long");
         assert!(error.to_string().contains("at most one year"), "{error}");
+    }
+
+    /// A profile name given twice is refused in any format, not only TOML (which refuses it
+    /// itself): JSON kept the last one silently (an audit).
+    #[test]
+    fn a_name_given_twice_is_refused() {
+        let json = r#"{"p": {"lease": "5s"}, "p": {"lease": "9s"}}"#;
+        let error = serde_json::from_str::<Profiles>(json).expect_err("a duplicate name");
+        assert!(
+            error.to_string().contains("\"p\" is given twice"),
+            "{error}"
+        );
+        let one: Profiles =
+            serde_json::from_str(r#"{"p": {"lease": "5s"}, "q": {"lease": "9s"}}"#).expect("two");
+        assert_eq!(one.len(), 2);
+        assert!(profiles("[p]\nlease = \"5s\"\n[p]\nlease = \"9s\"\n").is_err());
     }
 }
