@@ -873,3 +873,54 @@ async fn with_locks_does_not_start_its_body_on_an_earlier_key_taken_away_while_i
         }
     }
 }
+
+/// A release sent just after `CLUSTER FAILOVER` on its shard's replica: it runs on the new
+/// primary, whose answer does not come from the node that granted the hold, so the release is
+/// sent again on a connection to the current primary, and that second copy finds the key gone.
+/// The hold counts as one release and no loss, and no "lock lost" warning is logged. Before, the
+/// second copy's answer was taken for a loss: `losses: 1, releases: 0` and a `WARN` "lock lost
+/// before its release" for a call that returned `Ok` (helper 34).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_resent_after_a_failover_counts_one_release() {
+    for kind in ServerKind::ALL {
+        let cluster = Cluster::start(kind);
+        let client = LockClient::connect(&cluster.url()).await.expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("failover-release")
+                    .lease(Duration::from_secs(10)),
+            )
+            .expect("opts");
+        let slot = harness::key_slot(&LockClient::server_key("failover-release", "k"));
+        let primary = cluster.primary_for_slot(slot).port();
+        let replica = cluster.replica_of(primary);
+        let before = client.stats();
+        let result = locks
+            .with_lock("k", Duration::from_secs(5), async {
+                replica.cmd_ok(&["CLUSTER", "FAILOVER"]);
+                // Released as the replica takes over.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            })
+            .await;
+        let after = client.stats();
+        println!("{kind}: {result:?}; {before:?} -> {after:?}");
+        if let Err(error) = result {
+            // The failover may demote the primary before the body ends: then a loss is right.
+            assert!(
+                matches!(error, LockError::LockLost { .. }),
+                "{kind}: {error}"
+            );
+        } else {
+            assert_eq!(
+                (
+                    after.releases - before.releases,
+                    after.losses - before.losses
+                ),
+                (1, 0),
+                "{kind}: a released hold counted as: {after:?}"
+            );
+        }
+        client.quit().await;
+    }
+}
