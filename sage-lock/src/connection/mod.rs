@@ -290,32 +290,39 @@ impl Connection {
     /// shared connection with a `ROLE` check on replicated deployments; when that node is no
     /// longer the primary, is not `granted_by` (a demoted primary can still claim the role for
     /// seconds) or answers READONLY, the shared connection is reconnected and the call runs
-    /// again on a dedicated connection, which reaches the current primary.
+    /// again on a dedicated connection, which reaches the current primary. With the reply, whether
+    /// the call ran once before it (on a node that was not `granted_by`, or no longer the
+    /// primary): a compare-and-delete sent again then finds its own earlier work.
     pub(crate) async fn run_on_primary(
         &self,
         call: &ScriptCall<'_>,
         deadline: Instant,
         granted_by: Option<&Server>,
-    ) -> Result<Value, OpError> {
+    ) -> Result<(Value, bool), OpError> {
         if !self.deployment.is_replicated() {
-            return self.run_plain(call, deadline).await;
+            return self
+                .run_plain(call, deadline)
+                .await
+                .map(|value| (value, false));
         }
         // Releases measure nothing from when they were sent.
         let mut sent = std::time::Instant::now();
-        match self
+        let ran_before = match self
             .run(call, false, deadline, granted_by, None, &mut sent)
             .await
         {
-            Ok((value, Ack::Confirmed | Ack::Short { .. }, _)) => return Ok(value),
-            Ok((_, Ack::NotPrimary(_), _)) => {}
+            Ok((value, Ack::Confirmed | Ack::Short { .. }, _)) => return Ok((value, false)),
+            // The script ran there: its answer is not trusted, but its work may be done.
+            Ok((_, Ack::NotPrimary(_), _)) => true,
             Err(OpError::Failed(error)) if crate::retry::is_readonly(&error) => {
                 self.reconnect_shared();
+                false
             }
             Err(other) => return Err(other),
-        }
+        };
         self.run(call, true, deadline, None, None, &mut sent)
             .await
-            .map(|(value, _, _)| value)
+            .map(|(value, _, _)| (value, ran_before))
     }
 }
 

@@ -166,7 +166,11 @@ impl Release {
                 .conn
                 .run_on_primary(&call, deadline, granted_by)
                 .await
-                .and_then(|reply| Ok(parse_release(&reply)?));
+                .and_then(|(reply, ran_before)| {
+                    // A copy that ran before on another node may have removed the key.
+                    retried |= ran_before;
+                    Ok(parse_release(&reply)?)
+                });
             // A compare-and-delete is safe to send again (one that ran finds the lock no longer
             // ours): a connection lost on the way is worth waiting for, within the bound.
             let left = remaining(deadline);
