@@ -43,6 +43,10 @@ pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(1);
 /// [`LockClient::quit`](crate::LockClient::quit) closed it.
 pub(crate) const CLOSED_BY_QUIT: &str = "the LockClient was closed by LockClient::quit()";
 
+/// How long a release-like call waits for the shared connection on a replicated deployment
+/// before it runs on a dedicated connection instead (see [`Connection::run_on_primary`]).
+const SHARED_RELEASE_WAIT: Duration = Duration::from_millis(250);
+
 /// The error of an operation on a closed client: never retried (see [`crate::retry::classify`]).
 pub(crate) fn closed_error() -> Error {
     Error::new(fred::error::ErrorKind::Canceled, CLOSED_BY_QUIT)
@@ -290,9 +294,13 @@ impl Connection {
     /// shared connection with a `ROLE` check on replicated deployments; when that node is no
     /// longer the primary, is not `granted_by` (a demoted primary can still claim the role for
     /// seconds) or answers READONLY, the shared connection is reconnected and the call runs
-    /// again on a dedicated connection, which reaches the current primary. With the reply, whether
-    /// the call ran once before it (on a node that was not `granted_by`, or no longer the
-    /// primary): a compare-and-delete sent again then finds its own earlier work.
+    /// again on a dedicated connection, which reaches the current primary. So it does too when
+    /// the shared connection does not answer within [`SHARED_RELEASE_WAIT`] (a frozen old
+    /// primary, which Sentinel has replaced: the shared connection moves only on `READONLY` or a
+    /// `ROLE` mismatch, so it would hold every release for its whole bound there, and the key on
+    /// the new primary until its lease ended). With the reply, whether the call ran, or may
+    /// have run, once before it (on a node that was not `granted_by`, no longer the primary, or
+    /// that did not answer): a compare-and-delete sent again then finds its own earlier work.
     pub(crate) async fn run_on_primary(
         &self,
         call: &ScriptCall<'_>,
@@ -307,8 +315,9 @@ impl Connection {
         }
         // Releases measure nothing from when they were sent.
         let mut sent = std::time::Instant::now();
+        let shared_deadline = deadline.min(Instant::now() + SHARED_RELEASE_WAIT);
         let ran_before = match self
-            .run(call, false, deadline, granted_by, None, &mut sent)
+            .run(call, false, shared_deadline, granted_by, None, &mut sent)
             .await
         {
             Ok((value, Ack::Confirmed | Ack::Short { .. }, _)) => return Ok((value, false)),
@@ -317,6 +326,15 @@ impl Connection {
             Err(OpError::Failed(error)) if crate::retry::is_readonly(&error) => {
                 self.reconnect_shared();
                 false
+            }
+            // Unanswered in its share of the bound: it may still run there.
+            Err(OpError::Failed(error))
+                if crate::retry::classify(&error) == crate::retry::Failure::Transient
+                    && Instant::now() < deadline =>
+            {
+                tracing::debug!(%error, "the shared connection did not answer a release in time; reconnecting it");
+                self.reconnect_shared();
+                true
             }
             Err(other) => return Err(other),
         };
