@@ -327,9 +327,11 @@ impl Connection {
                 self.reconnect_shared();
                 false
             }
-            // Unanswered in its share of the bound: it may still run there.
+            // Unanswered in its share of the bound on a connection that is up (a frozen node;
+            // one that is down reconnects on its own): it may still run there.
             Err(OpError::Failed(error))
-                if crate::retry::classify(&error) == crate::retry::Failure::Transient
+                if *error.kind() == fred::error::ErrorKind::Timeout
+                    && !self.is_down()
                     && Instant::now() < deadline =>
             {
                 tracing::debug!(%error, "the shared connection did not answer a release in time; reconnecting it");

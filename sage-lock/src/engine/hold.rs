@@ -344,8 +344,8 @@ const ABANDON_WAIT: Duration = Duration::from_millis(20);
 struct Ended {
     /// From the grant to the drop.
     held: Duration,
-    /// `cancelled` (the call's future was dropped) or `panicked` (dropped while the thread
-    /// unwound: its body, or another future of its task, panicked).
+    /// `cancelled` (the call's future was dropped) or `panicked` (its body panicked while
+    /// polled, see [`PanicMark`]).
     cause: &'static str,
 }
 
