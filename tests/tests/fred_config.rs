@@ -733,3 +733,46 @@ async fn calls_on_a_client_that_cannot_connect_name_the_cause() {
         }
     }
 }
+
+/// A `from_fred` client whose server does not answer (nothing listens on the port, or a peer
+/// accepts and stays silent): the node check of its first call may add up to its 1 s bound,
+/// but later calls keep to their wait (`with_lock`'s "at most about 25 ms past the wait"), not
+/// ask the node again and again for a second each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_from_fred_client_without_a_server_keeps_later_calls_within_their_wait() {
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("address").port()
+    };
+    // Accepts (the kernel's backlog does) and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let silent_port = silent.local_addr().expect("address").port();
+    for (what, port) in [("closed port", closed), ("silent peer", silent_port)] {
+        let url = format!("redis://127.0.0.1:{port}");
+        let client = LockClient::from_fred(caller_client(&url, |_, _, _, _| {}));
+        let locks: Locks<str> = client.lock();
+        let wait = Duration::from_millis(300);
+        let mut took = Vec::new();
+        for _ in 0..3 {
+            let start = Instant::now();
+            let error = locks
+                .with_lock("k", wait, async {})
+                .await
+                .expect_err("no server");
+            took.push(start.elapsed());
+            assert!(
+                matches!(error, sage_lock::LockError::TimedOut { .. }),
+                "{what}: {error}"
+            );
+        }
+        println!("{what}: with_lock({wait:?}) took {took:?}");
+        for later in &took[1..] {
+            assert!(
+                *later < wait + Duration::from_millis(600),
+                "{what}: a later call took {later:?} for a wait of {wait:?} (all: {took:?})"
+            );
+        }
+        client.quit().await;
+    }
+    drop(silent);
+}
