@@ -85,7 +85,9 @@ impl LockClient {
     /// plain, single-server configuration; a Sentinel; a replica given directly) makes every
     /// lock and operator call fail with [`LockError::InvalidArgument`] naming the configuration
     /// to use, as [`LockClient::connect`] refuses such a URL; the node is asked (`INFO`) on the
-    /// first call, then remembered.
+    /// first call, then remembered. While the server does not answer, the first call waits up
+    /// to 1 s for that answer on top of its own bounds; later calls are not held up by the
+    /// check until the connection is up again.
     ///
     /// Needs no Tokio runtime. Called inside one, it starts connecting at once, in the
     /// background; called outside one (in a plain `fn main` before `block_on`, in a `LazyLock`

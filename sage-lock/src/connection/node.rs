@@ -2,6 +2,7 @@
 //! configuration, a Sentinel, or a replica): the builder asks at connect, a client made by
 //! `LockClient::from_fred` on its first lock or operator call.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use fred::clients::Client;
@@ -11,8 +12,9 @@ use fred::types::config::ServerConfig;
 /// through, and the next call asks again.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The once-per-client node check: none to do, or its outcome once a server answered.
-pub(crate) struct NodeCheck(Option<tokio::sync::OnceCell<Option<String>>>);
+/// The once-per-client node check: none to do, or its outcome once a server answered, and
+/// whether a check went unanswered.
+pub(crate) struct NodeCheck(Option<(tokio::sync::OnceCell<Option<String>>, AtomicBool)>);
 
 impl NodeCheck {
     /// Nothing to check: the node was checked at connect, or the client is a cluster client.
@@ -22,24 +24,32 @@ impl NodeCheck {
 
     /// Checked on first use: the client's configuration names one node (or Sentinels).
     pub(crate) fn on_first_use() -> Self {
-        NodeCheck(Some(tokio::sync::OnceCell::new()))
+        NodeCheck(Some((tokio::sync::OnceCell::new(), AtomicBool::new(false))))
     }
 
     /// Why no lock can be taken through `fred` (a cluster node, a Sentinel, a replica given
     /// directly), or `None`; what the answer says about `DELIFEQ` goes to `delifeq`. After the
-    /// first answer, an atomic load.
+    /// first answer, an atomic load. After a check went unanswered, a call while `fred` is not
+    /// connected is let through unchecked (it fails within its own bounds), so that only the
+    /// first call waits for the check's bound, not every call of an outage.
     pub(crate) async fn refusal(
         &self,
         fred: &Client,
         replicated: bool,
         delifeq: &(dyn Fn(bool) + Sync),
     ) -> Option<String> {
-        let cell = self.0.as_ref()?;
+        use fred::interfaces::ClientLike as _;
+        let (cell, unanswered) = self.0.as_ref()?;
         if let Some(known) = cell.get() {
             return known.clone();
         }
+        if unanswered.load(Ordering::Relaxed) && !fred.is_connected() {
+            return None;
+        }
         // Boxed: asked once, and kept out of every lock call's future.
-        Box::pin(Self::ask(cell, fred, replicated, delifeq)).await
+        let refusal = Box::pin(Self::ask(cell, fred, replicated, delifeq)).await;
+        unanswered.store(cell.get().is_none(), Ordering::Relaxed);
+        refusal
     }
 
     /// Asks the node, unless a concurrent first call already did; an unanswered question is

@@ -292,7 +292,7 @@ pub(crate) async fn run<F: Future>(
 impl Engine {
     /// [`LockError::InvalidArgument`] when the node a `from_fred` client reaches cannot hold
     /// locks (a cluster node through a plain configuration, a Sentinel, a replica): asked on the
-    /// first call, then remembered.
+    /// first call (again, after an unanswered check, once connected), then remembered.
     pub(crate) async fn refuse_wrong_node(&self) -> Result<(), LockError> {
         match self.conn.node_refusal().await {
             Some(problem) => Err(LockError::invalid("from_fred", problem)),
