@@ -730,3 +730,104 @@ fn calls_outside_a_tokio_runtime_are_errors_not_panics() {
         });
     }
 }
+
+/// A client connected on a runtime of its own (which then runs its connection and renewal
+/// tasks), with one call made there, and a lock family with `lease`.
+fn connected_on_a_first_runtime(
+    server: &Server,
+    lease: Duration,
+) -> (tokio::runtime::Runtime, LockClient, Locks<str>) {
+    let first = harness::multi_thread_runtime();
+    let client = first
+        .block_on(LockClient::connect(&server.url()))
+        .expect("connect");
+    let locks: Locks<str> = client
+        .lock_with(options("two-runtimes", lease))
+        .expect("opts");
+    // The first runtime starts the renewal task.
+    first
+        .block_on(locks.with_lock("first", Duration::from_secs(1), async {}))
+        .expect("a call on the first runtime");
+    (first, client, locks)
+}
+
+/// One client used from two runtimes at once (a `static` or global client under parallel
+/// `#[tokio::test]`s): the runtime that connected it, and so ran its connection and renewal
+/// tasks, shuts down while the other runtime holds a lock (and makes no other call). The hold
+/// is renewed on (its 300 ms lease is shorter than the body): the renewal task moves to a
+/// runtime that is still running.
+#[test]
+fn a_hold_outlives_the_runtime_that_connected_its_client() {
+    let lease = Duration::from_millis(300);
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let (first, client, locks) = connected_on_a_first_runtime(&server, lease);
+        let second = harness::multi_thread_runtime();
+        let holding = second.spawn({
+            let locks = locks.clone();
+            async move {
+                locks
+                    .with_lock("held", Duration::from_secs(2), async {
+                        tokio::time::sleep(Duration::from_millis(1500)).await;
+                    })
+                    .await
+            }
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        first.shutdown_timeout(Duration::from_secs(1));
+        second.block_on(async {
+            let held = holding.await.expect("the holding task");
+            println!("{kind}: the hold across the first runtime's shutdown: {held:?}");
+            assert!(
+                held.is_ok(),
+                "{kind}: a hold on the second runtime was lost when the first runtime shut \
+                 down: {held:?}"
+            );
+            client.quit().await;
+        });
+    }
+}
+
+/// The same, with calls on the second runtime instead: a command cut by the first runtime's
+/// shutdown (fred's "channel closed", "Failed to send command to router") is retried within
+/// the call's wait on a connection started again, not returned as a `Backend` error.
+#[test]
+fn calls_outlive_the_runtime_that_connected_their_client() {
+    for kind in ServerKind::ALL {
+        let server = Server::start(kind);
+        let (first, client, locks) = connected_on_a_first_runtime(&server, Duration::from_secs(5));
+        let second = harness::multi_thread_runtime();
+        let calling: Vec<_> = (0..8)
+            .map(|task| {
+                let locks = locks.clone();
+                second.spawn(async move {
+                    let start = Instant::now();
+                    let mut calls = 0;
+                    while start.elapsed() < Duration::from_millis(1000) {
+                        locks
+                            .with_lock(&format!("short-{task}"), Duration::from_secs(2), async {})
+                            .await?;
+                        calls += 1;
+                    }
+                    Ok::<_, LockError>(calls)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        first.shutdown_timeout(Duration::from_secs(1));
+        second.block_on(async {
+            let mut made = Vec::new();
+            for (task, calls) in calling.into_iter().enumerate() {
+                let calls = calls.await.expect("a calling task");
+                assert!(
+                    calls.is_ok(),
+                    "{kind}: task {task}'s calls on the second runtime failed when the first \
+                     runtime shut down: {calls:?}"
+                );
+                made.extend(calls.ok());
+            }
+            println!("{kind}: calls per task across the first runtime's shutdown: {made:?}");
+            client.quit().await;
+        });
+    }
+}
