@@ -63,7 +63,12 @@ pub(crate) fn classify(error: &Error) -> Failure {
             // fred reports a command it could not send (disconnected, max attempts 1) this way,
             // a cluster routing refresh that got no usable `CLUSTER SLOTS`, and a node it
             // connected to whose `CLUSTER INFO` state is not `ok` (both: a failover).
+            // "channel closed" and "Failed to send command to router": the connection's task
+            // ended with the runtime that ran it, while another runtime still uses the client;
+            // the next attempt starts the connection again on the caller's runtime.
             let unsent = details.starts_with("Failed to route")
+                || details.starts_with("Failed to send command to router")
+                || details == "channel closed"
                 || details.starts_with("Too many failed write attempts")
                 || details.starts_with("Invalid or missing CLUSTER SLOTS")
                 || details.starts_with("Invalid or missing cluster state")

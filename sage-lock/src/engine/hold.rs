@@ -17,7 +17,7 @@ use crate::key::LockKeys;
 use crate::lease::{Lease, scope};
 use crate::observe::{Event, Metrics};
 use crate::options::LockSettings;
-use crate::renewal::{Registration, Renewal};
+use crate::renewal::{Registration, Renewal, Renewer};
 
 /// Runs `body` while `held` lasts: renewed in the background, cancelled on loss, released after.
 pub(crate) async fn hold<F: Future>(
@@ -55,7 +55,7 @@ pub(crate) async fn hold<F: Future>(
             let reason = reason.unwrap_or(LossReason::RenewalFailed("renewal task ended".into()));
             Err(Box::pin(held.lost(reason, None)).instrument(span).await)
         }
-        () = lease_ran_out(&held.lease, settings.lease) => {
+        () = lease_ran_out(&held.lease, settings.lease, &held.engine.renewer) => {
             // The renewer did not report in time (its task starved or gone): never let the body
             // run past the usable lease.
             let reason = held.renewal.take().map_or_else(
@@ -86,9 +86,12 @@ impl Drop for PanicMark<'_> {
 /// Resolves shortly before the usable lease runs out without being extended: the safety net
 /// behind the renewer's own loss report (the renewer's task may be starved or gone). It fires
 /// [`safety_lead`] before the lease's end, so even a timer that wakes a few milliseconds late
-/// cancels the body while the lease is still valid.
-pub(super) async fn lease_ran_out(lease: &Lease, lease_duration: Duration) {
+/// cancels the body while the lease is still valid. Every third of the lease it also makes
+/// sure `renewer`'s task runs: the runtime that ran it may have shut down while this one (the
+/// caller's) goes on.
+pub(super) async fn lease_ran_out(lease: &Lease, lease_duration: Duration, renewer: &Renewer) {
     let lead = safety_lead(lease_duration, lease.margin());
+    let check = (lease_duration / 3).max(Duration::from_millis(1));
     loop {
         // Real time (see `crate::lease`): recomputed after every wake-up, so a renewal that
         // extended the lease, or a tokio clock that ran ahead, only means sleeping again.
@@ -96,7 +99,8 @@ pub(super) async fn lease_ran_out(lease: &Lease, lease_duration: Duration) {
         if left.is_zero() {
             return;
         }
-        tokio::time::sleep(left).await;
+        tokio::time::sleep(left.min(check)).await;
+        renewer.keep_running();
     }
 }
 

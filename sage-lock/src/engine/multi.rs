@@ -24,7 +24,7 @@ use crate::error::{LockError, LossReason, TimeoutReason};
 use crate::key::LockKeys;
 use crate::lease::{Lease, scope};
 use crate::options::LockSettings;
-use crate::renewal::Registration;
+use crate::renewal::{Registration, Renewer};
 use crate::retry::{Backoff, deadline_after, remaining};
 
 /// One atomic acquisition: `rules` acquire and release every key of `parts` in one call.
@@ -151,7 +151,7 @@ async fn acquire_all(
                 (_, key, reason) = first_loss(&mut taken.losses), if !taken.losses.is_empty() => {
                     Err((key, reason))
                 }
-                index = any_ran_out(&leases, settings.lease), if !leases.is_empty() => Err((
+                index = any_ran_out(&leases, settings.lease, &engine.renewer), if !leases.is_empty() => Err((
                     Arc::clone(units[index].keys.display()),
                     crate::renewal::unrenewed(&engine.conn),
                 )),
@@ -371,7 +371,7 @@ async fn hold_all<F: Future>(
     let (index, key, reason) = tokio::select! {
         biased;
         lost = first_loss(&mut losses) => lost,
-        index = any_ran_out(&leases, settings.lease) => (
+        index = any_ran_out(&leases, settings.lease, &engine.renewer) => (
             index,
             Arc::clone(units[index].keys.display()),
             crate::renewal::unrenewed(&engine.conn),
@@ -417,9 +417,13 @@ async fn first_loss(
 }
 
 /// Resolves with the index of the first lease that runs out without being extended.
-async fn any_ran_out(leases: &[Lease], lease_duration: std::time::Duration) -> usize {
+async fn any_ran_out(
+    leases: &[Lease],
+    lease_duration: std::time::Duration,
+    renewer: &Renewer,
+) -> usize {
     let watches = leases.iter().enumerate().map(|(index, lease)| async move {
-        lease_ran_out(lease, lease_duration).await;
+        lease_ran_out(lease, lease_duration, renewer).await;
         index
     });
     let mut watches: Vec<_> = watches.map(Box::pin).collect();

@@ -217,6 +217,12 @@ impl Renewer {
         self.shared.wake.notify_one();
     }
 
+    /// Starts the scheduler task again on the current runtime if it ended (the runtime that
+    /// ran it shut down while leases are registered); otherwise a lock and a check.
+    pub(crate) fn keep_running(&self) {
+        Shared::ensure_running(&self.shared);
+    }
+
     /// How many leases are registered, and how many of them wait in the queue (for tests).
     pub(crate) fn registered(&self) -> (usize, usize) {
         let state = lock(&self.shared.state);
