@@ -441,3 +441,63 @@ async fn one_hold_sample_per_hold_measured_to_the_bodys_end() {
         );
     }
 }
+
+/// Requests cut by the service's own timeouts while they wait in a queue (three keys, forty
+/// requests a round, each cut at 100–300 ms, 20 ms bodies): once everything settled, every
+/// acquisition counted is a release or a loss, and nothing else is. Before, removing a hand-off
+/// granted to a waiter already cancelled counted a release for an acquisition never counted,
+/// so "held now" (acquisitions − releases − losses) went negative.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_waiters_leave_acquisitions_equal_to_releases_and_losses() {
+    for kind in ServerKind::ALL {
+        let client = shared_client(kind).await;
+        let ns = namespace("cancelled-waiters", kind);
+        let locks = family(&client, &ns, Duration::from_secs(5));
+        let mut cancelled = 0;
+        for round in 0..8u64 {
+            let requests: Vec<_> = (0..40u64)
+                .map(|request| {
+                    let locks = locks.clone();
+                    let cut = Duration::from_millis(100 + (request * 37 + round * 11) % 200);
+                    tokio::spawn(async move {
+                        tokio::time::timeout(
+                            cut,
+                            locks.with_lock(
+                                &format!("k{}", request % 3),
+                                Duration::from_secs(2),
+                                async {
+                                    tokio::time::sleep(Duration::from_millis(20)).await;
+                                },
+                            ),
+                        )
+                        .await
+                    })
+                })
+                .collect();
+            for request in requests {
+                match request.await.expect("a request task") {
+                    Ok(result) => result.expect("a lock call"),
+                    Err(_) => cancelled += 1,
+                }
+            }
+        }
+        assert!(cancelled > 0, "{kind}: no request was cut");
+        let settled = eventually(Duration::from_secs(5), async || {
+            sage_lock::__private::resident(&client).releases == 0
+        })
+        .await;
+        assert!(settled, "{kind}: releases still under way");
+        let stats = client.stats();
+        println!(
+            "{kind}: {cancelled} requests cut; acquisitions {}, releases {}, losses {}, \
+             handoffs {}",
+            stats.acquisitions, stats.releases, stats.losses, stats.handoffs
+        );
+        assert_eq!(
+            stats.acquisitions,
+            stats.releases + stats.losses,
+            "{kind}: acquisitions are not releases plus losses once settled: {stats:?}"
+        );
+        client.quit().await;
+    }
+}
