@@ -81,9 +81,10 @@ pub struct LockStats {
     /// `WARN`: "lock lost before its release").
     pub losses: u64,
     /// Holds removed by this client: released after the body (or its cancellation, or by a
-    /// release attempt whose answer never came), and the clean-ups that remove a grant the
-    /// call gave up (unanswered within its wait, or not acknowledged by the replicas) or the
-    /// keys of a lost hold.
+    /// release attempt whose answer never came). Once nothing is held or under way,
+    /// `acquisitions == releases + losses`: removing a grant the call gave up (cancelled while
+    /// it waited, unanswered within its wait, not acknowledged by the replicas), which was
+    /// never counted as an acquisition, is not counted here either.
     pub releases: u64,
     /// Total time spent waiting for successful acquisitions, in microseconds (a wait that
     /// timed out is not counted).

@@ -142,7 +142,9 @@ impl Release {
                 Some(true) => {
                     // Nobody queued on the server; a local task may wait without queueing.
                     engine.waiters.wake_one(&keys.lock);
-                    engine.conn.stats.record(metrics, Event::Release);
+                    if !unanswered {
+                        engine.conn.stats.record(metrics, Event::Release);
+                    }
                     return Released::Removed;
                 }
                 Some(false) => {}
@@ -205,6 +207,11 @@ impl Release {
             }
         }
         match outcome.map(|reply| reply.released) {
+            Ok(true) if unanswered => {
+                // A grant the call gave up (cancelled, timed out, not acknowledged), never
+                // counted as an acquisition: removed, and not counted as a release either.
+                tracing::debug!("removed a grant its call gave up");
+            }
             Ok(true) => {
                 if let Some(keep_for) = keep_for {
                     tracing::debug!(?keep_for, "lock kept for its minimum hold");
