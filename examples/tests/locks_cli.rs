@@ -501,3 +501,21 @@ async fn operator_tools_under_an_acl_user() {
         client.quit().await;
     }
 }
+
+/// A write that fails for another reason than a closed pipe (a full disk: `/dev/full`) is an
+/// error message and exit 1, not a panic.
+#[test]
+fn a_failed_write_is_an_error() {
+    let full = std::fs::File::create("/dev/full").expect("/dev/full");
+    let output = Command::new(env!("CARGO_BIN_EXE_locks"))
+        .arg("--help")
+        .stdout(full)
+        .output()
+        .expect("run the locks tool");
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with("locks: cannot write the output") && !err.contains("panicked"),
+        "{err}"
+    );
+}
