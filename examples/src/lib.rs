@@ -11,6 +11,7 @@
 pub mod cli;
 pub mod existing_url;
 pub mod floor;
+pub mod locks_tool;
 pub mod multiprocess;
 
 /// The README's Rust snippets, compiled by `cargo test -p sage-lock-examples --doc` (part of

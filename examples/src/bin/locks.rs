@@ -13,22 +13,31 @@
 //! fails and its body is cancelled); it is logged at warn by the library with `--by` (default:
 //! `$USER`). `--tls-ca FILE` trusts the CA that signed a `rediss://` server's certificate;
 //! `--tls-cert FILE --tls-key FILE` present a client certificate (`tls-auth-clients yes`).
+//!
+//! Keys print escaped (a backslash as `\\`, control characters and bytes that are not UTF-8 as
+//! `\xNN`, see [`sage_lock_examples::locks_tool::key_text`]), and `show` and `unlock` read their
+//! KEY with the same escapes, so any key `list` prints can be pasted back. A reader that closes
+//! the output early (`locks list | head -1`) ends the tool quietly, with exit 0.
 
-use std::fmt::Write as _;
+use std::io::Write as _;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use sage_lock::{HeldLock, HolderInfo, LockClient, LockOptions, Locks};
+use sage_lock::{HeldLock, HolderInfo, LockClient, LockError, LockOptions, Locks};
+use sage_lock_examples::locks_tool::{Row, key_text, parse_key, table};
 
-const USAGE: &str = "usage: locks <list | show KEY | unlock KEY> [--url URL] [--namespace NS] [--by WHO] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]
-  --url        server URL (default: $SAGE_LOCK_URL), e.g. redis://127.0.0.1:6379 or redis-cluster://h:p
-  --namespace  the locks' namespace (default: lock)
-  --by         who unlocks and why, logged (unlock only; default: $USER)
-  --tls-ca     PEM file of the CA that signed the server's certificate (rediss:// URLs)
-  --tls-cert   PEM file of a client certificate, for a server that asks for one (with --tls-key)
-  --tls-key    PEM file of that certificate's private key
-  --           ends the options: a KEY after it may start with a dash (or write --flag=VALUE)";
+const USAGE: &str = r"usage: locks <list | show KEY | unlock KEY> [-n NS] [--url URL] [--by WHO] [--tls-ca FILE] [--tls-cert FILE --tls-key FILE]
+  --url URL           server URL (default: $SAGE_LOCK_URL), e.g. redis://127.0.0.1:6379 or redis-cluster://h:p
+  -n, --namespace NS  the locks' namespace (default: lock)
+  --by WHO            who unlocks and why, logged (unlock only; default: $USER)
+  --tls-ca FILE       PEM file of the CA that signed the server's certificate (rediss:// URLs)
+  --tls-cert FILE     PEM file of a client certificate, for a server that asks for one (with --tls-key)
+  --tls-key FILE      PEM file of that certificate's private key
+  -h, --help          print this and exit
+  --                  ends the options: a KEY after it may start with a dash (or write --flag=VALUE)
+KEY is written as `list` prints it: a backslash as \\, control characters and bytes that are not
+UTF-8 as \xNN (also \n, \r, \t). A key wider than the KEY column (60) is listed whole on a line
+of its own, with its values on the next line.";
 
 /// What to do.
 #[derive(Debug, PartialEq, Eq)]
@@ -36,8 +45,9 @@ enum Command {
     /// `--help` / `-h`: print the usage, exit 0.
     Help,
     List,
-    Show(String),
-    Unlock(String),
+    /// A key's bytes (the argument with its escapes read, see [`parse_key`]).
+    Show(Vec<u8>),
+    Unlock(Vec<u8>),
 }
 
 /// The parsed command line.
@@ -63,9 +73,9 @@ fn parse(args: &[String]) -> anyhow::Result<Cli> {
             positional.extend(iter.by_ref().cloned());
             break;
         }
-        // `--flag=value` takes any value, dashes included.
+        // `--flag=value` (and `-n=value`) takes any value, dashes included.
         let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) if flag.starts_with("--") => (flag, Some(value)),
+            Some((flag, value)) if flag.starts_with("--") || flag == "-n" => (flag, Some(value)),
             _ => (arg.as_str(), None),
         };
         let slot = match flag {
@@ -99,7 +109,8 @@ fn parse(args: &[String]) -> anyhow::Result<Cli> {
                 .filter(|value| !value.starts_with('-') || value.len() == 1)
                 .with_context(|| {
                     format!(
-                        "{flag} needs a value (write {flag}=VALUE for one starting with -)\n{USAGE}"
+                        "{flag} needs a value: {flag} VALUE (or {flag}=VALUE for one starting \
+                         with -)\n{USAGE}"
                     )
                 })?,
         };
@@ -112,14 +123,17 @@ fn parse(args: &[String]) -> anyhow::Result<Cli> {
     }
     let command = match positional.as_slice() {
         [list] if list == "list" => Command::List,
-        [show, key] if show == "show" => Command::Show(key.clone()),
-        [unlock, key] if unlock == "unlock" => Command::Unlock(key.clone()),
+        [show, key] if show == "show" => Command::Show(parse_key(key)?),
+        [unlock, key] if unlock == "unlock" => Command::Unlock(parse_key(key)?),
         [verb] if verb == "show" || verb == "unlock" => {
             bail!("`{verb}` needs the lock's key: locks {verb} KEY\n{USAGE}")
         }
         [] => bail!("no command given\n{USAGE}"),
         other => bail!("cannot understand {other:?}\n{USAGE}"),
     };
+    if by.is_some() && !matches!(command, Command::Unlock(_)) {
+        bail!("--by only applies to `unlock` (it names who clears a lock, in the log)\n{USAGE}");
+    }
     let tls_client = match (tls_cert, tls_key) {
         (Some(cert), Some(key)) => Some((cert, key)),
         (None, None) => None,
@@ -135,69 +149,51 @@ fn parse(args: &[String]) -> anyhow::Result<Cli> {
     })
 }
 
-fn duration(value: Option<Duration>) -> String {
-    match value {
-        None => "-".to_owned(),
-        Some(d) if d < Duration::from_secs(1) => format!("{}ms", d.as_millis()),
-        Some(d) => format!("{:.1}s", d.as_secs_f64()),
-    }
-}
-
-/// One row of the table: key, fencing token, lease left, time held.
-type Row = (String, u64, Option<Duration>, Option<Duration>);
-
-fn row(key: String, holder: &HolderInfo) -> Row {
+fn row(key: Vec<u8>, holder: &HolderInfo) -> Row {
     (key, holder.fencing_token, holder.remaining, holder.held_for)
 }
 
-/// `text` with its control characters (newline, tab, escape, ...) written as escapes, so a key
-/// prints on one line and cannot drive the terminal; everything else prints as it is.
-fn printable(text: &str) -> String {
-    if !text.chars().any(char::is_control) {
-        return text.to_owned();
+/// `error` with the library's hints, which name its builder's methods, naming this tool's flags.
+fn with_tool_hints(error: LockError, cli: &Cli) -> anyhow::Error {
+    const FLAGS: [(&str, &str); 4] = [
+        (
+            "LockClientBuilder::tls_client_cert_file or tls_client_cert_pem",
+            "--tls-cert FILE --tls-key FILE",
+        ),
+        ("(see tls_client_cert_file)", "(see --tls-cert)"),
+        (
+            "LockClientBuilder::tls_ca_file or tls_ca_pem",
+            "--tls-ca FILE",
+        ),
+        ("tls_ca_file or tls_ca_pem", "--tls-ca FILE"),
+    ];
+    let text = error.to_string();
+    let hinted = FLAGS.iter().fold(text.clone(), |text, (method, flag)| {
+        text.replace(method, flag)
+    });
+    let named_a_file = text.contains("tls_client_cert");
+    let error = if hinted == text {
+        anyhow::Error::new(error)
+    } else {
+        anyhow::anyhow!(hinted)
+    };
+    match &cli.tls_client {
+        // The library could not use the files given (unreadable, not PEM, a key that is not
+        // the certificate's).
+        Some((cert, key)) if named_a_file => error.context(format!(
+            "the client certificate --tls-cert {cert} with --tls-key {key}"
+        )),
+        _ => error,
     }
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_debug().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
 }
 
-/// The table `list` and `show` print.
-fn table(rows: &[Row]) -> String {
-    let keys: Vec<String> = rows.iter().map(|(key, ..)| printable(key)).collect();
-    let width = keys
-        .iter()
-        .map(|key| key.chars().count())
-        .chain([3])
-        .max()
-        .unwrap_or(3);
-    let mut out = format!(
-        "{:<width$}  {:>13}  {:>9}  {:>9}\n",
-        "KEY", "FENCING TOKEN", "REMAINING", "HELD FOR"
-    );
-    for (key, (_, token, remaining, held_for)) in keys.iter().zip(rows) {
-        let _ = writeln!(
-            out,
-            "{key:<width$}  {token:>13}  {:>9}  {:>9}",
-            duration(*remaining),
-            duration(*held_for)
-        );
-    }
-    out
-}
-
-async fn run(cli: Cli) -> anyhow::Result<()> {
+/// Runs the command: what it prints on stdout.
+async fn run(cli: Cli) -> anyhow::Result<String> {
     if cli.command == Command::Help {
-        println!("{USAGE}");
-        return Ok(());
+        return Ok(format!("{USAGE}\n"));
     }
-    let url = match cli.url {
-        Some(url) => url,
+    let url = match cli.url.as_deref() {
+        Some(url) => url.to_owned(),
         None => std::env::var(sage_lock_examples::URL_VARIABLE)
             .ok()
             .filter(|url| !url.is_empty())
@@ -210,29 +206,37 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if let Some((cert, key)) = &cli.tls_client {
         builder = builder.tls_client_cert_file(cert, key);
     }
-    let client = builder.connect().await.map_err(|error| {
-        // The library's hint names its builder; this tool's user gives the flags.
-        if error.to_string().contains("tls_client_cert") {
-            anyhow::Error::new(error)
-                .context("give the locks tool a client certificate: --tls-cert FILE --tls-key FILE")
-        } else {
-            anyhow::Error::new(error)
-        }
-    })?;
-    let locks: Locks<str> =
+    let client = builder
+        .connect()
+        .await
+        .map_err(|error| with_tool_hints(error, &cli))?;
+    let output = command(&client, cli).await;
+    client.quit().await;
+    output
+}
+
+/// The command's work on `client`: what it prints.
+async fn command(client: &LockClient, cli: Cli) -> anyhow::Result<String> {
+    let locks: Locks<[u8]> =
         client.lock_with(LockOptions::new().namespace(cli.namespace.as_str()))?;
     let namespace = &cli.namespace;
-    match cli.command {
+    Ok(match cli.command {
+        Command::Help => String::new(),
         Command::List => {
             let held: Vec<HeldLock> = locks.scan().await?;
-            let rows: Vec<Row> = held.into_iter().map(|h| row(h.key, &h.holder)).collect();
-            print!("{}", table(&rows));
-            println!("{} held in namespace {namespace:?}", plural(rows.len()));
+            let rows: Vec<Row> = held
+                .into_iter()
+                .map(|held| row(held.key_bytes, &held.holder))
+                .collect();
+            let total = plural(rows.len());
+            format!("{}{total} held in namespace {namespace:?}\n", table(&rows))
         }
-        Command::Help => {}
-        Command::Show(key) => match locks.holder(key.as_str()).await? {
-            Some(holder) => print!("{}", table(&[row(key, &holder)])),
-            None => println!("{key:?} is not locked in namespace {namespace:?}"),
+        Command::Show(key) => match locks.holder(key.as_slice()).await? {
+            Some(holder) => table(&[row(key, &holder)]),
+            None => format!(
+                "\"{}\" is not locked in namespace {namespace:?}\n",
+                key_text(&key)
+            ),
         },
         Command::Unlock(key) => {
             let by = cli
@@ -241,15 +245,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 .filter(|by| !by.trim().is_empty())
                 .unwrap_or_else(|| "unknown operator".to_owned());
             let by = format!("{by} (locks CLI)");
-            if locks.force_unlock_by(key.as_str(), &by).await? {
-                println!("unlocked {key:?} in namespace {namespace:?}");
+            let text = key_text(&key);
+            if locks.force_unlock_by(key.as_slice(), &by).await? {
+                format!("unlocked \"{text}\" in namespace {namespace:?}\n")
             } else {
-                println!("{key:?} was not locked in namespace {namespace:?}");
+                format!("\"{text}\" was not locked in namespace {namespace:?}\n")
             }
         }
+    })
+}
+
+/// Writes `output` to stdout. A reader that closed the pipe early (`locks list | head -1`) is
+/// a normal end, as for `ls | head`: `Ok`, the rest unwritten.
+fn print(output: &str) -> std::io::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(output.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
     }
-    client.quit().await;
-    Ok(())
 }
 
 fn plural(n: usize) -> String {
@@ -274,7 +290,8 @@ async fn main() -> ExitCode {
     let result = match parse(&args) {
         Ok(cli) => run(cli).await,
         Err(error) => Err(error),
-    };
+    }
+    .and_then(|output| print(&output).context("cannot write the output"));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -322,31 +339,6 @@ mod tests {
     }
 
     #[test]
-    fn formats_a_table() {
-        let text = table(&[(
-            "account:42".into(),
-            17,
-            Some(Duration::from_millis(29_100)),
-            Some(Duration::from_millis(900)),
-        )]);
-        assert!(text.starts_with("KEY"), "{text}");
-        assert!(text.contains("account:42"), "{text}");
-        assert!(text.contains("29.1s") && text.contains("900ms"), "{text}");
-    }
-
-    #[test]
-    fn control_characters_in_keys_are_escaped() {
-        let text = table(&[("evil\nKEY  FENCING TOKEN\tx\u{1b}[2J".into(), 1, None, None)]);
-        // Header plus exactly one row: a key cannot forge lines or move the cursor.
-        assert_eq!(text.lines().count(), 2, "{text}");
-        assert!(!text.contains('\u{1b}') && !text.contains('\t'), "{text}");
-        assert!(text.contains(r"evil\nKEY"), "{text}");
-        // Ordinary keys, quotes and non-ASCII letters included, print as they are.
-        let text = table(&[("konto:Ärger\"x\"".into(), 1, None, None)]);
-        assert!(text.contains("konto:Ärger\"x\""), "{text}");
-    }
-
-    #[test]
     fn odd_keys_and_missing_values() {
         // `--` ends the options: a key may start with dashes.
         let cli = parse(&args("show -- --weird")).expect("after --");
@@ -361,7 +353,24 @@ mod tests {
         let error = parse(&args("show k -n --url redis://h:1"))
             .expect_err("-n without a value")
             .to_string();
-        assert!(error.contains("-n needs a value"), "{error}");
+        assert!(error.contains("-n needs a value: -n VALUE"), "{error}");
+        // ... and the hinted `-n=VALUE` is taken.
+        let cli = parse(&args("list -n=-odd")).expect("-n=value");
+        assert_eq!(cli.namespace, "-odd");
+        // `--by` is for `unlock` only.
+        for line in ["list --by alice", "show k --by alice"] {
+            let error = parse(&args(line)).expect_err(line).to_string();
+            assert!(error.contains("--by only applies to `unlock`"), "{error}");
+        }
+        // Keys are read with the escapes `list` prints them with.
+        let cli = parse(&args(r"unlock a\\xff")).expect("escaped backslash");
+        assert_eq!(cli.command, Command::Unlock(br"a\xff".to_vec()));
+        let cli = parse(&args(r"show a\xff")).expect("escaped byte");
+        assert_eq!(cli.command, Command::Show(b"a\xff".to_vec()));
+        assert!(parse(&args(r"show a\q")).is_err());
+        // The usage says the key column's width.
+        let width = sage_lock_examples::locks_tool::KEY_COLUMN;
+        assert!(USAGE.contains(&format!("KEY column ({width})")), "{USAGE}");
         // An empty --by is refused, not replaced by a default name.
         let error = parse(&[
             "unlock".to_owned(),
