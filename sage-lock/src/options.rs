@@ -164,7 +164,15 @@ pub(crate) fn validate_lease(lease: Duration) -> Result<(), LockError> {
             "lease",
             format!(
                 "must be at least 30ms, got {}; choose one comfortably longer than network latency and process pauses, e.g. 10 s (Duration::from_secs(10), or \"10s\" in a configuration)",
-                crate::error::rounded(lease)
+                // Rounded to the millisecond unless that reads as the minimum itself.
+                if lease + Duration::from_micros(500) >= MIN_LEASE {
+                    format!(
+                        "{:?}",
+                        Duration::from_micros(u64::try_from(lease.as_micros()).unwrap_or(0))
+                    )
+                } else {
+                    crate::error::rounded(lease)
+                }
             ),
         ));
     }
@@ -310,6 +318,16 @@ fn defaults_in_use() -> &'static ServiceDefaults {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lease just under the minimum is named as it is, not rounded up to the minimum (an
+    /// audit: "must be at least 30ms, got 30ms").
+    #[test]
+    fn a_lease_just_under_the_minimum_is_named_exactly() {
+        let error = validate_lease(Duration::from_micros(29_999))
+            .expect_err("under 30 ms")
+            .to_string();
+        assert!(error.contains("got 29.999ms"), "{error}");
+    }
 
     /// The bounds `#[locked]` mirrors at compile time (`sage-lock-macros/src/args.rs`, whose
     /// tests pin the same edges): 30 ms and 8760 h are accepted, one millisecond beyond is not.

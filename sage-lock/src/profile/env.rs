@@ -35,6 +35,26 @@ pub(crate) fn variable(name: &str, setting: &str) -> String {
     format!("{PREFIX}{name}_{setting}")
 }
 
+/// Refuses two profile names that read the same environment variables (`-` and `.` are both
+/// `_`, letters are upper-cased).
+///
+/// # Errors
+/// A message naming both profiles, their variables and the fix.
+pub(crate) fn distinct_variables<'n>(names: impl Iterator<Item = &'n str>) -> Result<(), String> {
+    let mut seen: Vec<(String, &str)> = Vec::new();
+    for name in names {
+        let prefix = variable(name, "");
+        if let Some((_, other)) = seen.iter().find(|(taken, _)| *taken == prefix) {
+            return Err(format!(
+                "profiles {other:?} and {name:?} share the environment variables {prefix}*: \
+                 rename one of them"
+            ));
+        }
+        seen.push((prefix, name));
+    }
+    Ok(())
+}
+
 /// Applies the overrides found by `lookup` (a variable's value, if set) to every profile.
 ///
 /// # Errors
@@ -44,16 +64,8 @@ pub(crate) fn apply(
     lookup: impl Fn(&str) -> Option<OsString>,
 ) -> Result<(), String> {
     let names: Vec<String> = profiles.names().map(str::to_owned).collect();
-    let mut seen: Vec<(String, &str)> = Vec::new();
+    distinct_variables(names.iter().map(String::as_str))?;
     for name in &names {
-        let prefix = variable(name, "");
-        if let Some((_, other)) = seen.iter().find(|(taken, _)| *taken == prefix) {
-            return Err(format!(
-                "profiles {other:?} and {name:?} share the environment variables {prefix}*: \
-                 rename one of them"
-            ));
-        }
-        seen.push((prefix, name.as_str()));
         let Some(profile) = profiles.get_mut(name) else {
             continue;
         };

@@ -303,7 +303,8 @@ impl Profiles {
         env::variable(name, setting)
     }
 
-    /// Checks every profile and every name.
+    /// Checks every profile and every name (two names that share their environment variables,
+    /// such as `a-b` and `a_b`, included).
     ///
     /// # Errors
     /// [`LockError::InvalidArgument`] naming the profile, the setting and the fix.
@@ -317,7 +318,7 @@ impl Profiles {
             validate_name(name)?;
             profile.validate(name)?;
         }
-        Ok(())
+        env::distinct_variables(self.names())
     }
 
     pub(crate) fn get_mut(&mut self, name: &str) -> Option<&mut Profile> {
@@ -354,6 +355,23 @@ pub(crate) fn validate_name(name: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Names that share their environment variables (`-` and `.` both read as `_`) are
+    /// refused by `validate` too, not only later by `set_profiles` (an audit).
+    #[test]
+    fn names_sharing_environment_variables_fail_validation() {
+        let profiles: Profiles = [
+            ("a-b".to_owned(), Profile::new()),
+            ("a_b".to_owned(), Profile::new()),
+        ]
+        .into_iter()
+        .collect();
+        let error = profiles
+            .validate()
+            .expect_err("shared variables")
+            .to_string();
+        assert!(error.contains("SAGE_LOCK_PROFILE_A_B_"), "{error}");
+    }
 
     #[test]
     fn validation_names_the_profile_and_the_fix() {
