@@ -1372,3 +1372,40 @@ async fn a_waiter_cut_by_quit_on_a_silent_connection_names_quit() {
         direct.quit().await;
     }
 }
+
+/// A lock's server key holding a value of another type (set by hand, or by another program in
+/// the same namespace): the lock calls say so, as `holder` does, naming the key and how to look
+/// at it, instead of a `Backend` error quoting the script's raw `WRONGTYPE` (audit 37).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_key_of_another_type_is_named_by_the_lock_calls() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let namespace = format!("wrong-type-{}", rand::random::<u32>());
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace(&namespace))
+            .expect("options");
+        let server_key =
+            String::from_utf8(LockClient::server_key(&namespace, "by-hand")).expect("a UTF-8 key");
+        harness::cmd_ok(server.port(), &["HSET", &server_key, "f", "v"]);
+        let waited = locks
+            .with_lock("by-hand", Duration::from_millis(300), async {})
+            .await;
+        let tried = locks.try_with_lock("by-hand", async {}).await;
+        for (call, outcome) in [("with_lock", waited), ("try_with_lock", tried.map(|_| ()))] {
+            let Err(LockError::InvalidArgument { argument, message }) = outcome else {
+                panic!("{kind} {call} on a hash: {outcome:?}");
+            };
+            println!("{kind} {call}: {message}");
+            assert_eq!(argument, "key", "{kind} {call}");
+            assert!(
+                message.contains("by-hand")
+                    && message.contains("TYPE")
+                    && !message.contains("WRONGTYPE"),
+                "{kind} {call}: {message}"
+            );
+        }
+        harness::cmd_ok(server.port(), &["DEL", &server_key]);
+        client.quit().await;
+    }
+}
