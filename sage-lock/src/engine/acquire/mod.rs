@@ -182,6 +182,9 @@ pub(crate) async fn acquire(
             if held.armed {
                 held.abandon().await;
             }
+            if error.details().contains("WRONGTYPE") {
+                return Err(another_type(keys, namespace));
+            }
             let hint = crate::acl::denial_hint(&error, Some(namespace.as_ref()))
                 .map(|hint| format!(" ({hint})"))
                 .unwrap_or_default();
@@ -522,4 +525,21 @@ async fn acquire_loop(
             () = engine.quitting.signalled() => return Err(Stop::Quit(Some(waiting_now))),
         }
     }
+}
+
+/// A key of this lock holds a value of another type than the one sage-lock writes there: set
+/// by hand, or by another program using the same key names.
+fn another_type(keys: &LockKeys, namespace: &str) -> LockError {
+    LockError::invalid(
+        "key",
+        format!(
+            "lock {} in namespace {namespace:?}: a key of this lock on the server holds a value \
+             of another type than sage-lock writes there, so it was set by hand or by another \
+             program using the same names; look at its keys with redis-cli (TYPE on {lock} and \
+             on the keys starting with it), and delete them there if they are stale, or use \
+             another namespace",
+            crate::error::quoted(keys.display()),
+            lock = String::from_utf8_lossy(&keys.lock),
+        ),
+    )
 }
