@@ -307,6 +307,14 @@ async fn from_toml() {
         "{message}"
     );
     assert!(!message.contains("\"reports\" (used"), "{message}");
+    // ... and the installed profile without the wait a waiting function needs (audit 35: it
+    // passed the start-up check, then failed every call).
+    assert!(
+        message.contains("has no wait")
+            && message.contains("\"no-wait\" (used by without_wait at")
+            && message.contains("SAGE_LOCK_PROFILE_NO_WAIT_WAIT"),
+        "{message}"
+    );
 
     // Installed once.
     let again = global::set_profiles(Profiles::new());
