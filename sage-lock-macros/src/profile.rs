@@ -97,11 +97,17 @@ pub(crate) fn call(call: &Call<'_>) -> Generated {
         &syn::ext::IdentExt::unraw(*function_name).to_string(),
         function_name.span(),
     );
+    // A waiting call without a wait of its own takes the profile's.
+    let needs_wait = if !*try_lock && wait_millis.is_none() {
+        quote!(.needing_wait())
+    } else {
+        quote!()
+    };
     let registration = quote! {
         #krate::__private::inventory::submit! {
             #krate::__private::ProfileUse::new(
                 #profile, #function_name, ::core::file!(), ::core::line!()
-            )
+            )#needs_wait
         }
     };
     let options = format_ident!("sage_lock_options", span = Span::mixed_site());

@@ -18,6 +18,8 @@ pub struct ProfileUse {
     function: &'static str,
     file: &'static str,
     line: u32,
+    /// A waiting call without a `wait` of its own: the profile must set one.
+    needs_wait: bool,
 }
 
 impl ProfileUse {
@@ -34,7 +36,22 @@ impl ProfileUse {
             function,
             file,
             line,
+            needs_wait: false,
         }
+    }
+
+    /// The same, for a waiting function whose attribute gives no `wait`.
+    #[must_use]
+    pub const fn needing_wait(self) -> Self {
+        ProfileUse {
+            needs_wait: true,
+            ..self
+        }
+    }
+
+    /// `function at file:line`.
+    fn site(&self) -> String {
+        format!("{} at {}:{}", self.function, self.file, self.line)
     }
 }
 
@@ -130,35 +147,34 @@ pub fn profile(name: &str) -> Result<&'static Profile, LockError> {
 }
 
 /// Checks that every profile named by a `#[locked(profile = "...")]` function linked into this
-/// binary is installed, so that a misconfigured service fails at start-up rather than on its first
+/// binary is installed (with a `wait` where a waiting function takes it from the profile), so that a misconfigured service fails at start-up rather than on its first
 /// request. Call it after [`set_profiles`] (see its example).
 ///
 /// # Errors
-/// [`LockError::InvalidArgument`] listing every missing profile and the functions using it.
+/// [`LockError::InvalidArgument`] listing every missing profile and the functions using it,
+/// and every installed profile without a `wait` that a waiting function (no `wait` or
+/// `try_lock` in its attribute) relies on.
 pub fn check_profiles() -> Result<(), LockError> {
     let installed = PROFILES.get();
     let mut missing: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    let mut without_wait: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for used in inventory::iter::<ProfileUse> {
-        if installed.is_some_and(|profiles| profiles.get(used.name).is_some()) {
-            continue;
+        match installed.and_then(|profiles| profiles.get(used.name)) {
+            Some(profile) if used.needs_wait && profile.wait.is_none() => {
+                without_wait.entry(used.name).or_default().push(used.site());
+            }
+            Some(_) => {}
+            None => missing.entry(used.name).or_default().push(used.site()),
         }
-        missing
-            .entry(used.name)
-            .or_default()
-            .push(format!("{} at {}:{}", used.function, used.file, used.line));
     }
+    let without_wait = no_wait_text(&without_wait);
     if missing.is_empty() {
-        return Ok(());
+        return match without_wait {
+            Some(text) => Err(LockError::invalid("profile", text)),
+            None => Ok(()),
+        };
     }
-    let list: Vec<String> = missing
-        .iter()
-        .map(|(name, users)| {
-            let mut users = users.clone();
-            users.sort();
-            users.dedup();
-            format!("{name:?} (used by {})", users.join(", "))
-        })
-        .collect();
+    let list = used_by(&missing);
     let installed = match installed {
         Some(profiles) => format!("installed: {}", quoted(profiles.names())),
         None => "no profiles are installed".to_owned(),
@@ -171,9 +187,43 @@ pub fn check_profiles() -> Result<(), LockError> {
         "profile",
         format!(
             "{count} used by #[locked] {are} not configured: {}; add {them} to the profiles \
-             given to sage_lock::global::set_profiles ({installed})",
+             given to sage_lock::global::set_profiles ({installed}){}",
             list.join("; "),
+            without_wait
+                .map(|text| format!(". Also: {text}"))
+                .unwrap_or_default(),
         ),
+    ))
+}
+
+/// Each profile name with the functions using it: `"name" (used by f at file:line, ...)`.
+fn used_by(uses: &BTreeMap<&str, Vec<String>>) -> Vec<String> {
+    uses.iter()
+        .map(|(name, users)| {
+            let mut users = users.clone();
+            users.sort();
+            users.dedup();
+            format!("{name:?} (used by {})", users.join(", "))
+        })
+        .collect()
+}
+
+/// What to say about installed profiles that waiting functions without a `wait` of their own
+/// use, though they set no `wait` either (every call of those functions would fail).
+fn no_wait_text(without_wait: &BTreeMap<&str, Vec<String>>) -> Option<String> {
+    if without_wait.is_empty() {
+        return None;
+    }
+    let variables: Vec<String> = without_wait
+        .keys()
+        .map(|name| env::variable(name, "WAIT"))
+        .collect();
+    Some(format!(
+        "a waiting #[locked] gives no wait and its profile has no wait: {}; set wait in the \
+         profile (e.g. wait = \"2s\", or the environment variable {}), or give the attribute \
+         wait = \"...\" or try_lock",
+        used_by(without_wait).join("; "),
+        variables.join(", "),
     ))
 }
 
