@@ -166,3 +166,40 @@ async fn a_missing_password_is_named() {
         );
     }
 }
+
+/// A connect the caller gives up on (its request timed out first, as a lazy global connect
+/// from `SAGE_LOCK_URL` is when the service cuts the request) closes its connection at once,
+/// rather than leaving it open until the command timeout: requests cut one after another
+/// against a stalled server would otherwise pile up half-open connections (audit 35: 49 of
+/// 50 left open for 5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_the_caller_gives_up_on_closes_its_connection() {
+    let silent = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = silent.local_addr().expect("addr").port();
+    for _ in 0..5 {
+        let cut = tokio::time::timeout(
+            Duration::from_millis(200),
+            LockClient::connect(&format!("redis://127.0.0.1:{port}")),
+        )
+        .await;
+        assert!(cut.is_err(), "connected to a server that never answers");
+    }
+    silent.set_nonblocking(true).expect("nonblocking");
+    let accepted: Vec<TcpStream> = std::iter::from_fn(|| silent.accept().ok())
+        .map(|(stream, _)| stream)
+        .collect();
+    assert_eq!(accepted.len(), 5, "one connection per connect");
+    // Well within the 5 s command timeout that bounds the handshake otherwise.
+    let open = accepted
+        .into_iter()
+        .map(|stream| {
+            stream.set_nonblocking(false).expect("blocking");
+            closed_within(stream, Duration::from_millis(1500))
+        })
+        .filter(|closed| !closed)
+        .count();
+    assert_eq!(
+        open, 0,
+        "{open} of 5 cut connects left their connection open"
+    );
+}
