@@ -8,6 +8,25 @@ use fred::interfaces::ClientLike;
 use fred::types::config::{Config, ReconnectPolicy};
 use fred::types::{Builder, ConnectHandle};
 
+/// A connection task that is aborted when this is dropped, unless [`AbortOnDrop::keep`] took
+/// it out first.
+pub(super) struct AbortOnDrop(pub(super) Option<ConnectHandle>);
+
+impl AbortOnDrop {
+    /// The task, no longer aborted on drop.
+    pub(super) fn keep(mut self) -> Option<ConnectHandle> {
+        self.0.take()
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}
+
 /// The outcome of `fred`'s first connection, whose task is `task`: connected, or the error that
 /// ended the task (fred fails fast on a first connection).
 pub(super) async fn first_connection(fred: &Client, task: &mut ConnectHandle) -> Result<(), Error> {

@@ -21,7 +21,7 @@ mod checks;
 mod fred_settings;
 
 use checks::check_limits;
-use fred_settings::{build_fred, first_connection};
+use fred_settings::{AbortOnDrop, build_fred, first_connection};
 
 /// Default size of the dedicated connection pool; change it with
 /// [`LockClientBuilder::max_connections`] (see [`LockClientBuilder`]'s example).
@@ -440,9 +440,12 @@ impl LockClientBuilder {
             &self.reconnect,
         )
         .map_err(|e| LockError::backend(format!("could not configure a client for {target}"), e))?;
-        let mut task = fred.connect();
+        // Aborted if this future is dropped before the client is made (the caller gave up):
+        // its connection closes then, not at the end of its handshake's timeout.
+        let mut task = AbortOnDrop(None);
+        let handle = task.0.insert(fred.connect());
         let connected =
-            tokio::time::timeout(self.connect_timeout, first_connection(&fred, &mut task)).await;
+            tokio::time::timeout(self.connect_timeout, first_connection(&fred, handle)).await;
         let failure = match connected {
             Ok(Ok(())) => None,
             Ok(Err(error)) => Some(error),
@@ -451,15 +454,10 @@ impl LockClientBuilder {
                 format!("no connection within {:?}", self.connect_timeout),
             )),
         };
-        let task = if failure.is_some() {
-            // Ended, or still in its handshake: stopped at once (a `quit` would wait for the
-            // handshake, bounded only by the command timeout, and log a warning if it ended).
-            task.abort();
-            None
-        } else {
-            Some(task)
-        };
         if let Some(error) = failure {
+            // The task, ended or still in its handshake, is aborted as this returns (a `quit`
+            // would wait for the handshake, bounded only by the command timeout, and log a
+            // warning if it ended).
             let hint = crate::url::connect_failure_hint(&error, database, uses_tls);
             return Err(LockError::backend(
                 format!("could not connect to {target}: {hint}"),
@@ -478,16 +476,14 @@ impl LockClientBuilder {
         {
             if let Some(problem) = report.problem {
                 let _ = tokio::time::timeout(Duration::from_secs(1), fred.quit()).await;
-                if let Some(task) = task {
-                    task.abort();
-                }
+                drop(task);
                 return Err(LockError::invalid("url", problem));
             }
             delifeq = report.delifeq;
         }
         let client = LockClient::from_parts(
             fred,
-            Startup::Started(task),
+            Startup::Started(task.keep()),
             deployment,
             self.max_connections,
             self.command_timeout,
