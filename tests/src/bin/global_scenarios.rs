@@ -166,6 +166,18 @@ async fn installed_client_and_defaults() {
     assert!(with_defaults(6).await.expect("try").is_none());
     let _ = release.send(());
     holder.await.expect("holder");
+
+    // quit() on the installed client is final for the process: a later install says so,
+    // rather than only "already installed" (audit 35).
+    client.quit().await;
+    let replacement = LockClient::connect(&url).await.expect("connect");
+    let refused = global::install(replacement.clone()).expect_err("installed once");
+    let message = refused.to_string();
+    assert!(
+        message.contains("quit()") && message.contains("for the rest of the process"),
+        "{message}"
+    );
+    replacement.quit().await;
 }
 
 async fn without_a_global_client() {
