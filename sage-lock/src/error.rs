@@ -186,8 +186,8 @@ impl fmt::Display for TimeoutReason {
             ),
             TimeoutReason::HeldByThisTask => f.write_str(
                 "this task already holds it (the call is nested in its body), so waiting could \
-                 only time out: locks are not reentrant unless LockOptions::reentrant(true), \
-                 with which a nested call of one key and the same kind runs under the held lock \
+                 only time out: locks are not reentrant unless LockOptions::reentrant(true) \
+                 (#[locked(..., reentrant)]), with which a nested call of one key and the same kind runs under the held lock \
                  (a with_locks call never does, nor a read nested in the task's write or a \
                  write in its read: take all the keys, or the write lock, for the whole body)",
             ),
@@ -195,7 +195,7 @@ impl fmt::Display for TimeoutReason {
                 "held by others for the whole wait, while this task itself holds a read or \
                  permit of it (the call is nested in its body): a writer or waiter queued behind \
                  that hold goes first and may wait for it, which lasts until the body ends; with \
-                 LockOptions::reentrant(true) a nested call of the same kind runs under the held \
+                 LockOptions::reentrant(true) (#[locked(..., reentrant)]) a nested call of the same kind runs under the held \
                  one at once",
             ),
         }

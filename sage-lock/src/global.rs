@@ -33,13 +33,24 @@ static CLIENT: OnceCell<LockClient> = OnceCell::const_new();
 ///
 /// # Errors
 /// [`LockError::InvalidArgument`] when a client was already installed, or already connected
-/// lazily from `SAGE_LOCK_URL`.
+/// lazily from `SAGE_LOCK_URL` (also after that client's [`LockClient::quit`], which is final
+/// for the process-wide client).
 pub fn install(client: LockClient) -> Result<(), LockError> {
     CLIENT.set(client).map_err(|_| {
+        let quit = CLIENT
+            .get()
+            .is_some_and(|installed| installed.inner.conn.is_closed());
         LockError::invalid(
             "global client",
-            "a global client is already installed (or was connected from SAGE_LOCK_URL); \
-             call sage_lock::global::install once, at start-up, before any #[locked] call",
+            if quit {
+                "the global client was closed by LockClient::quit(), which is final: it cannot \
+                 be replaced, so #[locked] calls without `client = ...` fail for the rest of \
+                 the process; quit the global client only at shutdown (pass a client of your \
+                 own with `client = ...` where one must be replaced)"
+            } else {
+                "a global client is already installed (or was connected from SAGE_LOCK_URL); \
+                 call sage_lock::global::install once, at start-up, before any #[locked] call"
+            },
         )
     })
 }
