@@ -924,3 +924,76 @@ async fn a_release_resent_after_a_failover_counts_one_release() {
         client.quit().await;
     }
 }
+
+/// A held lock whose slot was migrated to another primary is renewed there from then on, and
+/// stays held when the node that first granted it is later demoted by `CLUSTER FAILOVER` (its
+/// key is on the other node, which nothing happened to). A lock still on the demoted node is
+/// lost, as documented. Before, the migrated lock was lost too, as `RoleChanged`, once the
+/// client's routing learnt of the failover (audit 36: `d42`, `d32`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_migrated_away_survives_a_failover_of_its_first_node() {
+    for kind in ServerKind::ALL {
+        let cluster = Cluster::start(kind);
+        let client = LockClient::connect(&cluster.url()).await.expect("connect");
+        let lease = Duration::from_millis(1500);
+        let ns = "migrated-granter";
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace(ns).lease(lease))
+            .expect("opts");
+        let slot_of = |key: &str| harness::key_slot(&LockClient::server_key(ns, key));
+        // Two keys of one shard, on different slots: one is moved away, one stays.
+        let source = cluster.primary_for_slot(slot_of("moved"));
+        let stays = (0..10_000)
+            .map(|i| format!("stays-{i}"))
+            .find(|key| {
+                let slot = slot_of(key);
+                slot != slot_of("moved") && cluster.primary_for_slot(slot).port() == source.port()
+            })
+            .expect("a key of the same shard");
+        let target = cluster
+            .nodes
+            .iter()
+            .take(3)
+            .find(|node| node.port() != source.port())
+            .expect("another primary");
+        let release = Arc::new(tokio::sync::Notify::new());
+        let hold = |key: String| {
+            let (locks, release) = (locks.clone(), release.clone());
+            tokio::spawn(async move {
+                locks
+                    .with_lock(key.as_str(), Duration::from_secs(5), release.notified())
+                    .await
+            })
+        };
+        let moved = hold("moved".to_owned());
+        let stayed = hold(stays.clone());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::task::block_in_place(|| migrate_slot(&cluster, slot_of("moved"), source, target));
+        // Renewed on its new node for a while.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let replica = cluster.replica_of(source.port());
+        replica.cmd_ok(&["CLUSTER", "FAILOVER"]);
+        // The lock left on the demoted node is lost (and the client's routing refreshed).
+        let stayed = tokio::time::timeout(Duration::from_secs(10), stayed)
+            .await
+            .expect("the lock on the demoted node is lost within 10 s")
+            .expect("task");
+        println!("{kind}: the lock left on the demoted node: {stayed:?}");
+        assert!(
+            matches!(stayed, Err(LockError::LockLost { .. })),
+            "{kind}: {stayed:?}"
+        );
+        // Several renewals of the migrated lock after the failover.
+        tokio::time::sleep(Duration::from_millis(2000)).await;
+        assert!(
+            !moved.is_finished(),
+            "{kind}: the migrated lock ended after its first node's failover: {:?}",
+            moved.await
+        );
+        release.notify_waiters();
+        let moved = moved.await.expect("task");
+        println!("{kind}: the migrated lock: {moved:?}");
+        assert!(moved.is_ok(), "{kind}: {moved:?}");
+        client.quit().await;
+    }
+}
