@@ -132,6 +132,8 @@ pub(super) fn closed_by_quit() -> LossReason {
 pub(super) struct Attempt {
     pub(super) sent: std::time::Instant,
     pub(super) outcomes: Vec<(u64, Outcome)>,
+    /// The primary that renewed them, when known (a cluster's node serving their slot).
+    pub(super) renewed_by: Option<Server>,
 }
 
 /// Where the holds of one call live.
@@ -257,6 +259,10 @@ impl Batch {
                 &mut sent,
             )
             .await;
+        let renewed_by = match &result {
+            Ok((_, Ack::Confirmed, node)) => node.clone(),
+            _ => None,
+        };
         let outcomes: Vec<Outcome> = match result {
             // One flag per lease, in order; any other reply is unexpected (retried below).
             Ok((Value::Array(flags), Ack::Confirmed, _)) if flags.len() == self.ids.len() => flags
@@ -344,6 +350,7 @@ impl Batch {
         Attempt {
             sent,
             outcomes: self.ids.into_iter().zip(outcomes).collect(),
+            renewed_by,
         }
     }
 }

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use fred::types::cluster::ClusterRouting as Routing;
+use fred::types::config::Server;
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -314,8 +315,17 @@ impl Shared {
     }
 
     /// Applies the outcome of one renewal attempt to entry `id`.
-    /// `sent` is when the attempt was sent, on the real clock (see `crate::lease`).
-    fn settle(&self, id: u64, sent: std::time::Instant, outcome: Outcome) {
+    /// `sent` is when the attempt was sent, on the real clock (see `crate::lease`); a renewal
+    /// confirmed by another primary than the one that granted the lock (its slot was migrated
+    /// there: another node's answer after a failover is never confirmed) makes that primary
+    /// the one whose role later renewals check.
+    fn settle(
+        &self,
+        id: u64,
+        sent: std::time::Instant,
+        outcome: Outcome,
+        renewed_by: Option<&Server>,
+    ) {
         let client = &self.conn;
         let mut state = lock(&self.state);
         let Some(entry) = state.entries.get_mut(&id) else {
@@ -324,6 +334,16 @@ impl Shared {
         let metrics = Arc::clone(&entry.renewal.metrics);
         let loss = match outcome {
             Outcome::Renewed => {
+                if let (Some(granter), Some(node)) = (&mut entry.renewal.granted_by, renewed_by)
+                    && granter != node
+                {
+                    tracing::debug!(
+                        from = %format_args!("{}:{}", granter.host, granter.port),
+                        to = %format_args!("{}:{}", node.host, node.port),
+                        "lock renewed on the node its slot moved to"
+                    );
+                    *granter = node.clone();
+                }
                 let lease_duration = entry.renewal.lease_duration;
                 entry
                     .renewal
@@ -436,7 +456,7 @@ async fn schedule(renewer: Weak<Shared>, wake: Arc<Notify>) {
                 tokio::spawn(async move {
                     let attempt = batch.renew(&renewer.conn).await;
                     for (id, outcome) in attempt.outcomes {
-                        renewer.settle(id, attempt.sent, outcome);
+                        renewer.settle(id, attempt.sent, outcome, attempt.renewed_by.as_ref());
                     }
                 });
             }
