@@ -508,3 +508,55 @@ async fn operator_calls_wait_for_a_slot_migration() {
         client.quit().await;
     }
 }
+
+/// A migration that outlasts an operator call's bound (the command timeout, 1 s here) ends the
+/// call with the server's answer and the retrying it did, not a claim that it still retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_call_that_outlasts_a_migration_says_it_gave_up() {
+    let bound = Duration::from_secs(1);
+    for kind in ServerKind::ALL {
+        let cluster = Arc::new(Cluster::start(kind));
+        let holders = cluster_client(&cluster).await;
+        let operator_client = LockClient::builder()
+            .url(&cluster.url())
+            .command_timeout(bound)
+            .connect()
+            .await
+            .expect("connect");
+        let ns = "operator-gives-up";
+        let locks = family(&holders, ns, Duration::from_secs(30));
+        let operator = family(&operator_client, ns, Duration::from_secs(30));
+        for (key, partial, server_said) in [
+            ("holder", true, "TRYAGAIN"),
+            ("is-locked", false, "being migrated"),
+        ] {
+            let name = format!("{kind} {key}");
+            let (_, release, task) = hold(&locks, key).await;
+            let finisher = migrate_meanwhile(&cluster, ns, key, partial, bound * 2);
+            let started = Instant::now();
+            let answer = if key == "holder" {
+                operator.holder(key).await.map(|_| ())
+            } else {
+                operator.is_locked(key).await.map(|_| ())
+            };
+            let took = started.elapsed();
+            finisher.join().expect("the migration ended");
+            println!("{name}: {answer:?} after {took:?}");
+            let text = format!("{answer:?}");
+            assert!(
+                matches!(answer, Err(LockError::Backend { .. }))
+                    && text.contains(server_said)
+                    && text.contains("gave up after"),
+                "{name}: {text}"
+            );
+            assert!(
+                took >= bound && took < bound + Duration::from_millis(500),
+                "{name}: {took:?}"
+            );
+            let _ = release.send(());
+            task.await.expect("holder").expect("held");
+        }
+        operator_client.quit().await;
+        holders.quit().await;
+    }
+}
