@@ -2,10 +2,12 @@
 //! of the held locks of a namespace (`SCAN` on every primary, never `KEYS`). They see mutex
 //! locks only, not a read-write lock's or a semaphore's holds (the README says where those are).
 //!
-//! Each server call is retried after a transient failure ([`retrying`]), as the lock calls are:
-//! a slot being migrated (`ASK`, `TRYAGAIN`) makes an operator call wait for the migration's
-//! end, within the command timeout, rather than fail.
+//! Each server call is retried ([`retrying`]), as the lock calls are: a read after any transient
+//! failure, the forced release when the server refused it unrun. A slot being migrated (`ASK`,
+//! `TRYAGAIN`) makes an operator call wait for the migration's end, within the command timeout,
+//! rather than fail.
 
+mod retrying;
 mod scan;
 
 use std::borrow::Borrow;
@@ -22,8 +24,8 @@ use super::mutex::{Locks, MUTEX, SINCE_HORIZON_MS};
 use crate::connection::OpError;
 use crate::error::LockError;
 use crate::key::{KeyCodec, LockKeys};
-use crate::retry::{Backoff, DEADLINE_REACHED, Failure, classify, remaining};
 use crate::scripts::{Script, parse_release};
+use retrying::{bounded, refused, retrying, transient};
 
 /// Inspect (read-only). KEYS: lock, fence, since; ARGV: the since marker's horizon
 /// ([`SINCE_HORIZON_MS`]). Replies `{0}` when the lock key does not
@@ -95,80 +97,6 @@ fn protocol(what: &str) -> Error {
     Error::new(ErrorKind::Protocol, format!("unexpected reply to {what}"))
 }
 
-/// `future`'s outcome, or a timeout error once `deadline` passes.
-async fn bounded<T>(
-    deadline: Instant,
-    future: impl Future<Output = Result<T, Error>>,
-) -> Result<T, OpError> {
-    match tokio::time::timeout_at(deadline, future).await {
-        Ok(result) => Ok(result?),
-        Err(_) => Err(OpError::Failed(Error::new(
-            ErrorKind::Timeout,
-            DEADLINE_REACHED,
-        ))),
-    }
-}
-
-/// Runs `attempt` until it succeeds or fails for good. A transient failure (see
-/// [`crate::retry::classify`]: a slot being migrated, which answers `ASK` or `TRYAGAIN`; a
-/// `MOVED` met before fred's routing was refreshed; a lost connection) is tried again after the
-/// lock calls' backoff until `deadline`, which `attempt` is to bound its own call by. Giving up,
-/// it returns the last failure (the one before the deadline's timeout, when that cut the last
-/// attempt short) and says how long it retried. Only for calls that are safe to send again.
-async fn retrying<T, F, Fut>(deadline: Instant, mut attempt: F) -> Result<T, OpError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, OpError>>,
-{
-    let started = Instant::now();
-    let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(100));
-    let mut attempts = 0_u32;
-    let mut cause: Option<Error> = None;
-    loop {
-        attempts += 1;
-        let error = match attempt().await {
-            Err(OpError::Failed(error)) if classify(&error) == Failure::Transient => error,
-            other => return other,
-        };
-        let left = remaining(deadline);
-        if left.is_zero() {
-            return Err(OpError::Failed(gave_up(
-                error,
-                cause,
-                attempts,
-                started.elapsed(),
-            )));
-        }
-        if *error.kind() != ErrorKind::Timeout {
-            cause = Some(error);
-        }
-        tokio::time::sleep(backoff.next_delay(left)).await;
-    }
-}
-
-/// The error of a call [`retrying`] gave up on after `attempts`: the last failure, and the
-/// earlier `cause` when the last was the deadline's timeout.
-fn gave_up(last: Error, cause: Option<Error>, attempts: u32, took: Duration) -> Error {
-    if attempts <= 1 {
-        return last;
-    }
-    let (kind, details) = match cause {
-        Some(cause) if *last.kind() == ErrorKind::Timeout => (
-            cause.kind().clone(),
-            format!("{} (then {})", cause.details(), last.details()),
-        ),
-        _ => (last.kind().clone(), last.details().to_owned()),
-    };
-    Error::new(
-        kind,
-        format!(
-            "{details}; gave up after {attempts} attempts in {:.1} s (the command timeout \
-             bounds an operator call)",
-            took.as_secs_f64()
-        ),
-    )
-}
-
 fn parse_inspect(reply: &Value) -> Result<Inspected, Error> {
     let Value::Array(items) = reply else {
         return Err(protocol("the inspect script"));
@@ -233,7 +161,7 @@ impl<K: ?Sized> Locks<K> {
         let context = || format!("could not inspect the lock on {}", keys.display());
         let deadline = self.deadline();
         let (conn, call) = (&self.engine.conn, &call);
-        let reply = retrying(deadline, move || conn.run_plain(call, deadline))
+        let reply = retrying(deadline, transient, move || conn.run_plain(call, deadline))
             .await
             .map_err(|error| self.failed(context(), error))?;
         parse_inspect(&reply).map_err(|error| self.backend(context(), error))
@@ -311,7 +239,8 @@ impl<K: ?Sized> Locks<K> {
     ///
     /// # Errors
     /// [`LockError::InvalidArgument`] when the lock's server key holds another type;
-    /// [`LockError::Backend`] when the server cannot answer.
+    /// [`LockError::Backend`] when the server cannot answer (a slot being migrated is waited
+    /// for, within the command timeout).
     pub async fn force_unlock<Q>(&self, key: &Q) -> Result<bool, LockError>
     where
         K: Borrow<Q>,
@@ -330,7 +259,7 @@ impl<K: ?Sized> Locks<K> {
     ///
     /// # Errors
     /// [`LockError::InvalidArgument`] when `by` is empty or the lock's server key holds another type;
-    /// [`LockError::Backend`] when the server cannot answer.
+    /// [`LockError::Backend`] when the server cannot answer (as [`Locks::force_unlock`]).
     pub async fn force_unlock_by<Q>(&self, key: &Q, by: &str) -> Result<bool, LockError>
     where
         K: Borrow<Q>,
@@ -361,7 +290,7 @@ impl<K: ?Sized> Locks<K> {
             };
             let deadline = self.deadline();
             let (fred, lock) = (self.engine.conn.fred(), &keys.lock);
-            let read = retrying(deadline, move || {
+            let read = retrying(deadline, transient, move || {
                 bounded(
                     deadline,
                     fred.get::<Option<Bytes>, _>(Key::from(lock.clone())),
@@ -374,12 +303,12 @@ impl<K: ?Sized> Locks<K> {
                 Err(error) => return Err(self.failed(context(), error)),
             };
             // The release script: compare-and-delete, then hand the lock to the next waiter.
-            // A compare-and-delete is safe to send again: one that ran finds the lock no longer
-            // this token's (and the next turn looks again).
+            // Sent again only when refused unrun: a copy that ran unanswered would make the next
+            // one find the lock gone, and report no hold removed.
             let call = MUTEX.release_call(&keys, &token, crate::engine::HANDOFF_LEASE);
             let deadline = self.deadline();
             let (conn, call) = (&self.engine.conn, &call);
-            let reply = retrying(deadline, move || conn.run_plain(call, deadline))
+            let reply = retrying(deadline, refused, move || conn.run_plain(call, deadline))
                 .await
                 .map_err(|error| self.failed(context(), error))?;
             let reply = parse_release(&reply).map_err(|error| self.backend(context(), error))?;

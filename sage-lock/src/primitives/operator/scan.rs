@@ -8,7 +8,8 @@ use fred::interfaces::{ClientLike as _, ClusterInterface as _};
 use fred::types::config::{Options, Server};
 use fred::types::{ClusterHash, CustomCommand, Value};
 
-use super::{HeldLock, Inspected, bounded, not_a_mutex_text, protocol, retrying};
+use super::retrying::{bounded, retrying, transient};
+use super::{HeldLock, Inspected, not_a_mutex_text, protocol};
 use crate::connection::OpError;
 use crate::error::LockError;
 use crate::key::{LockKeys, decode_lock_key, printable, scan_pattern};
@@ -63,7 +64,7 @@ impl<K: ?Sized> Locks<K> {
             return Ok(vec![None]);
         }
         let deadline = self.deadline();
-        retrying(deadline, move || async move {
+        retrying(deadline, transient, move || async move {
             bounded(deadline, fred.sync_cluster()).await?;
             match fred.cached_cluster_state() {
                 Some(routing) => Ok(routing
@@ -102,7 +103,7 @@ impl<K: ?Sized> Locks<K> {
         loop {
             let deadline = self.deadline();
             let (options, pattern, page_cursor) = (&options, &pattern, &cursor);
-            let reply = retrying(deadline, move || {
+            let reply = retrying(deadline, transient, move || {
                 // Sent to `node` whatever the hash says (`cluster_node` comes first).
                 let command = CustomCommand::new_static("SCAN", ClusterHash::Random, false);
                 let args = vec![
