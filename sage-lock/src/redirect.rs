@@ -60,8 +60,8 @@ pub(crate) fn after_redirection(
     Err(Error::new(
         ErrorKind::Routing,
         format!(
-            "hash slot {slot} is being migrated (ASK) or its new owner is not known yet: \
-             retrying until the migration ends"
+            "hash slot {slot} is being migrated (ASK) or its new owner is not known yet \
+             (retried until the migration ends or the call's deadline passes)"
         ),
     ))
 }

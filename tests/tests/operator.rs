@@ -4,10 +4,11 @@
 
 mod common;
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use common::{Target, raw_exists};
-use harness::ServerKind;
+use harness::{Cluster, ServerKind};
 use sage_lock::{LockClient, LockError, LockOptions, Locks, LossReason, current_lease};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -227,6 +228,14 @@ async fn the_tools_refuse_a_key_of_another_type_and_say_how_to_look_at_it() {
         message.contains("hash") && message.contains("redis-cli") && !message.contains("tool of"),
         "{message}"
     );
+    // `is_locked` reads the same reply: it refuses the hash as `holder` does, rather than
+    // calling it locked (audit 38, defect 3).
+    let refused = locks.is_locked("by-hand").await;
+    let Err(LockError::InvalidArgument { argument, message }) = refused else {
+        panic!("is_locked of a hash: {refused:?}");
+    };
+    assert_eq!(argument, "key");
+    assert!(message.contains("hash"), "{message}");
     // `scan` (the `locks list` tool) lists the held locks and says which key it skipped, and
     // why, rather than leaving it out silently.
     let (_, release, holder) = hold(&locks, "held-beside").await;
@@ -307,5 +316,247 @@ async fn a_loss_found_by_the_release_is_warned_and_counted() {
             );
         }
         client.quit().await;
+    }
+}
+
+/// The cluster tests below move slots, so each starts a cluster of its own.
+async fn cluster_client(cluster: &Cluster) -> LockClient {
+    LockClient::connect(&cluster.url()).await.expect("connect")
+}
+
+/// A key of `namespace` whose lock lives in hash slot `slot`.
+fn key_in_slot(namespace: &str, slot: u16) -> String {
+    (0..1_000_000)
+        .map(|i| format!("in-slot-{slot}:{i}"))
+        .find(|key| harness::key_slot(&LockClient::server_key(namespace, key.as_str())) == slot)
+        .expect("a key for every slot")
+}
+
+/// Audit 38, defect 1: `scan` routed each primary's `SCAN` by one slot picked from the routing
+/// it read before the loop. When the routing is refreshed during the scan (a `MOVED` met by a
+/// per-key read) after that slot moved, the `SCAN` meant for its old owner went to the new one:
+/// that shard was scanned twice and the old owner never (the audit: 42 of 60 locks listed, no
+/// error). Here the slot picked for the primary scanned last moves to the one scanned first,
+/// behind the operator client's back, with a lock in it: every held lock must still be listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scan_lists_every_shard_after_a_slot_moves() {
+    for kind in ServerKind::ALL {
+        let cluster = Cluster::start(kind);
+        let holders_client = cluster_client(&cluster).await;
+        // Connected (its routing read) before the move, and used for nothing else.
+        let operator_client = cluster_client(&cluster).await;
+        let ns = "scan-moved";
+        let locks = family(&holders_client, ns, Duration::from_secs(30));
+        let operator = family(&operator_client, ns, Duration::from_secs(30));
+        // The initial primaries, in the order the scan visits them (by "host:port"), and the
+        // slot it picked for each: the first of its range.
+        let mut primaries: Vec<(String, usize, u16)> = [0_u16, 5461, 10923]
+            .into_iter()
+            .enumerate()
+            .map(|(index, start)| {
+                let port = cluster.nodes[index].port();
+                (format!("127.0.0.1:{port}"), index, start)
+            })
+            .collect();
+        primaries.sort();
+        let (_, first, _) = primaries[0];
+        let (_, last, moved_slot) = primaries[2];
+        let mut keys: Vec<String> = (0..60).map(|i| format!("job:{i}")).collect();
+        keys.push(key_in_slot(ns, moved_slot));
+        let mut holders = Vec::new();
+        let mut expected = Vec::new();
+        for key in &keys {
+            let (token, release, task) = hold(&locks, key).await;
+            expected.push((key.clone(), token));
+            holders.push((release, task));
+        }
+        let (source, target) = (&cluster.nodes[last], &cluster.nodes[first]);
+        cluster.mark_slot_migrating(moved_slot, source, target);
+        cluster.move_slot_keys(moved_slot, source, target);
+        cluster.assign_slot(moved_slot, source, target);
+        let started = Instant::now();
+        let listed = operator.scan().await.expect("scan");
+        let took = started.elapsed();
+        let mut found: Vec<(String, u64)> = listed
+            .into_iter()
+            .map(|held| (held.key, held.holder.fencing_token))
+            .collect();
+        found.sort();
+        expected.sort();
+        println!(
+            "{kind}: slot {moved_slot} moved from {} to {}; scan listed {} of {} held locks in \
+             {took:?}",
+            source.port(),
+            target.port(),
+            found.len(),
+            expected.len()
+        );
+        assert_eq!(found, expected, "{kind}");
+        for (release, task) in holders {
+            let _ = release.send(());
+            task.await.expect("holder").expect("held");
+        }
+        operator_client.quit().await;
+        holders_client.quit().await;
+    }
+}
+
+/// Starts moving the slot of `key`'s lock to another primary, with the lock's key alone moved
+/// (`partial`: the old owner answers `TRYAGAIN` to a script naming the lock's keys) or all of
+/// its keys (the old owner answers `ASK`); a thread ends the move after `after`.
+fn migrate_meanwhile(
+    cluster: &Arc<Cluster>,
+    namespace: &str,
+    key: &str,
+    partial: bool,
+    after: Duration,
+) -> std::thread::JoinHandle<()> {
+    let server_key = LockClient::server_key(namespace, key);
+    let slot = harness::key_slot(&server_key);
+    let source_port = cluster.primary_for_slot(slot).port();
+    let source = cluster
+        .nodes
+        .iter()
+        .position(|node| node.port() == source_port)
+        .expect("the source is a node");
+    let target = (0..3).find(|&i| i != source).expect("another primary");
+    cluster.mark_slot_migrating(slot, &cluster.nodes[source], &cluster.nodes[target]);
+    if partial {
+        let key = String::from_utf8(server_key).expect("a UTF-8 key");
+        let port = cluster.nodes[target].port().to_string();
+        let args = ["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS", &key];
+        cluster.nodes[source].cmd_ok(&args);
+    } else {
+        cluster.move_slot_keys(slot, &cluster.nodes[source], &cluster.nodes[target]);
+    }
+    let cluster = Arc::clone(cluster);
+    std::thread::spawn(move || {
+        std::thread::sleep(after);
+        let (source, target) = (&cluster.nodes[source], &cluster.nodes[target]);
+        cluster.move_slot_keys(slot, source, target);
+        cluster.assign_slot(slot, source, target);
+    })
+}
+
+/// Audit 38, defect 2: the operator calls read a lock with a script that was not retried, so a
+/// slot being migrated made them fail at once (`TRYAGAIN`, or an error saying "retrying until
+/// the migration ends" although nothing retried), and one migrating lock failed a whole
+/// `scan`. Each call here runs while its lock's slot migrates (ended 300 ms later): it must
+/// answer as if nothing moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_calls_wait_for_a_slot_migration() {
+    let after = Duration::from_millis(300);
+    for kind in ServerKind::ALL {
+        let cluster = Arc::new(Cluster::start(kind));
+        let client = cluster_client(&cluster).await;
+        let ns = "operator-migrating";
+        let locks = family(&client, ns, Duration::from_secs(30));
+        for (key, partial) in [
+            ("holder", true),
+            ("is-locked", false),
+            ("scan", false),
+            ("force", true),
+        ] {
+            let name = format!(
+                "{kind} {key} ({})",
+                if partial { "TRYAGAIN" } else { "ASK" }
+            );
+            let (token, release, task) = hold(&locks, key).await;
+            let finisher = migrate_meanwhile(&cluster, ns, key, partial, after);
+            let started = Instant::now();
+            let answer = match key {
+                "holder" => locks
+                    .holder(key)
+                    .await
+                    .map(|holder| format!("{:?}", holder.map(|h| h.fencing_token))),
+                "is-locked" => locks.is_locked(key).await.map(|held| format!("{held}")),
+                "scan" => locks.scan().await.map(|listed| {
+                    let found: Vec<_> = listed
+                        .into_iter()
+                        .map(|held| (held.key, held.holder.fencing_token))
+                        .collect();
+                    format!("{found:?}")
+                }),
+                _ => locks
+                    .force_unlock(key)
+                    .await
+                    .map(|removed| format!("{removed}")),
+            };
+            let took = started.elapsed();
+            finisher.join().expect("the migration ended");
+            println!("{name}: {answer:?} after {took:?}");
+            let expected = match key {
+                "holder" => format!("{:?}", Some(token)),
+                "scan" => format!("{:?}", [(key.to_owned(), token)]),
+                _ => "true".to_owned(),
+            };
+            assert_eq!(
+                answer.as_deref().ok(),
+                Some(expected.as_str()),
+                "{name}: {answer:?}"
+            );
+            if key == "force" {
+                // Its holder finds out at its next renewal (a third of the 30 s lease away).
+                assert!(!locks.is_locked(key).await.expect("is_locked"), "{name}");
+                let _ = release.send(());
+                let _ = task.await.expect("holder");
+            } else {
+                let _ = release.send(());
+                task.await.expect("holder").expect("held");
+            }
+        }
+        client.quit().await;
+    }
+}
+
+/// A migration that outlasts an operator call's bound (the command timeout, 1 s here) ends the
+/// call with the server's answer and the retrying it did, not a claim that it still retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_call_that_outlasts_a_migration_says_it_gave_up() {
+    let bound = Duration::from_secs(1);
+    for kind in ServerKind::ALL {
+        let cluster = Arc::new(Cluster::start(kind));
+        let holders = cluster_client(&cluster).await;
+        let operator_client = LockClient::builder()
+            .url(&cluster.url())
+            .command_timeout(bound)
+            .connect()
+            .await
+            .expect("connect");
+        let ns = "operator-gives-up";
+        let locks = family(&holders, ns, Duration::from_secs(30));
+        let operator = family(&operator_client, ns, Duration::from_secs(30));
+        for (key, partial, server_said) in [
+            ("holder", true, "TRYAGAIN"),
+            ("is-locked", false, "being migrated"),
+        ] {
+            let name = format!("{kind} {key}");
+            let (_, release, task) = hold(&locks, key).await;
+            let finisher = migrate_meanwhile(&cluster, ns, key, partial, bound * 2);
+            let started = Instant::now();
+            let answer = if key == "holder" {
+                operator.holder(key).await.map(|_| ())
+            } else {
+                operator.is_locked(key).await.map(|_| ())
+            };
+            let took = started.elapsed();
+            finisher.join().expect("the migration ended");
+            println!("{name}: {answer:?} after {took:?}");
+            let text = format!("{answer:?}");
+            assert!(
+                matches!(answer, Err(LockError::Backend { .. }))
+                    && text.contains(server_said)
+                    && text.contains("gave up after"),
+                "{name}: {text}"
+            );
+            assert!(
+                took >= bound && took < bound + Duration::from_millis(500),
+                "{name}: {took:?}"
+            );
+            let _ = release.send(());
+            task.await.expect("holder").expect("held");
+        }
+        operator_client.quit().await;
+        holders.quit().await;
     }
 }

@@ -1,23 +1,31 @@
 //! Operator tools on a mutex family: who holds a lock, for how long, forced release, and a scan
 //! of the held locks of a namespace (`SCAN` on every primary, never `KEYS`). They see mutex
 //! locks only, not a read-write lock's or a semaphore's holds (the README says where those are).
+//!
+//! Each server call is retried ([`retrying`]), as the lock calls are: a read after any transient
+//! failure, the forced release when the server refused it unrun. A slot being migrated (`ASK`,
+//! `TRYAGAIN`) makes an operator call wait for the migration's end, within the command timeout,
+//! rather than fail.
+
+mod retrying;
+mod scan;
 
 use std::borrow::Borrow;
-use std::collections::BTreeMap;
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use fred::bytes::Bytes;
 use fred::error::{Error, ErrorKind};
-use fred::interfaces::{ClientLike as _, ClusterInterface as _, KeysInterface as _};
-use fred::types::{ClusterHash, CustomCommand, Key, Value};
+use fred::interfaces::KeysInterface as _;
+use fred::types::{Key, Value};
 use tokio::time::Instant;
 
 use super::mutex::{Locks, MUTEX, SINCE_HORIZON_MS};
 use crate::connection::OpError;
 use crate::error::LockError;
-use crate::key::{KeyCodec, LockKeys, decode_lock_key, printable, scan_pattern};
+use crate::key::{KeyCodec, LockKeys};
 use crate::scripts::{Script, parse_release};
+use retrying::{bounded, refused, retrying, transient};
 
 /// Inspect (read-only). KEYS: lock, fence, since; ARGV: the since marker's horizon
 /// ([`SINCE_HORIZON_MS`]). Replies `{0}` when the lock key does not
@@ -44,8 +52,6 @@ return {1, pttl, fence, since, now}
 
 static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT));
 
-/// How many keys one `SCAN` call asks for.
-const SCAN_COUNT: i64 = 1000;
 /// How often [`Locks::force_unlock`] tries again when the holder changes under it.
 const FORCE_ATTEMPTS: usize = 3;
 
@@ -153,10 +159,9 @@ impl<K: ?Sized> Locks<K> {
             vec![Value::Integer(SINCE_HORIZON_MS)],
         );
         let context = || format!("could not inspect the lock on {}", keys.display());
-        let reply = self
-            .engine
-            .conn
-            .run_plain(&call, self.deadline())
+        let deadline = self.deadline();
+        let (conn, call) = (&self.engine.conn, &call);
+        let reply = retrying(deadline, transient, move || conn.run_plain(call, deadline))
             .await
             .map_err(|error| self.failed(context(), error))?;
         parse_inspect(&reply).map_err(|error| self.backend(context(), error))
@@ -174,14 +179,20 @@ impl<K: ?Sized> Locks<K> {
     /// ```
     ///
     /// # Errors
-    /// [`LockError::Backend`] when the server cannot answer.
+    /// [`LockError::InvalidArgument`] when the lock's server key holds another type (set by
+    /// hand or by another program), as [`Locks::holder`]; [`LockError::Backend`] when the server
+    /// cannot answer (a slot being migrated is waited for, within the command timeout).
     pub async fn is_locked<Q>(&self, key: &Q) -> Result<bool, LockError>
     where
         K: Borrow<Q>,
         Q: KeyCodec + ?Sized,
     {
         let keys = self.keys(key);
-        Ok(!matches!(self.inspect(&keys).await?, Inspected::Free))
+        match self.inspect(&keys).await? {
+            Inspected::Free => Ok(false),
+            Inspected::Held(_) => Ok(true),
+            Inspected::Other(kind) => Err(not_a_mutex(&keys, &kind)),
+        }
     }
 
     /// Who holds the lock on `key`: its fencing token, the lease left on the server and how
@@ -197,7 +208,8 @@ impl<K: ?Sized> Locks<K> {
     ///
     /// # Errors
     /// [`LockError::InvalidArgument`] when the lock's server key holds another type (set by
-    /// hand or by another program); [`LockError::Backend`] when the server cannot answer.
+    /// hand or by another program); [`LockError::Backend`] when the server cannot answer (a
+    /// slot being migrated is waited for, within the command timeout).
     pub async fn holder<Q>(&self, key: &Q) -> Result<Option<HolderInfo>, LockError>
     where
         K: Borrow<Q>,
@@ -227,7 +239,8 @@ impl<K: ?Sized> Locks<K> {
     ///
     /// # Errors
     /// [`LockError::InvalidArgument`] when the lock's server key holds another type;
-    /// [`LockError::Backend`] when the server cannot answer.
+    /// [`LockError::Backend`] when the server cannot answer (a slot being migrated is waited
+    /// for, within the command timeout).
     pub async fn force_unlock<Q>(&self, key: &Q) -> Result<bool, LockError>
     where
         K: Borrow<Q>,
@@ -246,7 +259,7 @@ impl<K: ?Sized> Locks<K> {
     ///
     /// # Errors
     /// [`LockError::InvalidArgument`] when `by` is empty or the lock's server key holds another type;
-    /// [`LockError::Backend`] when the server cannot answer.
+    /// [`LockError::Backend`] when the server cannot answer (as [`Locks::force_unlock`]).
     pub async fn force_unlock_by<Q>(&self, key: &Q, by: &str) -> Result<bool, LockError>
     where
         K: Borrow<Q>,
@@ -275,26 +288,27 @@ impl<K: ?Sized> Locks<K> {
                 Inspected::Other(kind) => return Err(not_a_mutex(&keys, &kind)),
                 Inspected::Held(holder) => holder.fencing_token,
             };
-            let read = self
-                .engine
-                .conn
-                .fred()
-                .get::<Option<Bytes>, _>(Key::from(keys.lock.clone()));
-            let token = match tokio::time::timeout_at(self.deadline(), read).await {
-                Ok(Ok(Some(token))) => token,
-                Ok(Ok(None)) => return Ok(false),
-                Ok(Err(error)) => return Err(self.backend(context(), error)),
-                Err(_) => {
-                    let error = Error::new(ErrorKind::Timeout, "no reply in time");
-                    return Err(self.backend(context(), error));
-                }
+            let deadline = self.deadline();
+            let (fred, lock) = (self.engine.conn.fred(), &keys.lock);
+            let read = retrying(deadline, transient, move || {
+                bounded(
+                    deadline,
+                    fred.get::<Option<Bytes>, _>(Key::from(lock.clone())),
+                )
+            })
+            .await;
+            let token = match read {
+                Ok(Some(token)) => token,
+                Ok(None) => return Ok(false),
+                Err(error) => return Err(self.failed(context(), error)),
             };
             // The release script: compare-and-delete, then hand the lock to the next waiter.
+            // Sent again only when refused unrun: a copy that ran unanswered would make the next
+            // one find the lock gone, and report no hold removed.
             let call = MUTEX.release_call(&keys, &token, crate::engine::HANDOFF_LEASE);
-            let reply = self
-                .engine
-                .conn
-                .run_plain(&call, self.deadline())
+            let deadline = self.deadline();
+            let (conn, call) = (&self.engine.conn, &call);
+            let reply = retrying(deadline, refused, move || conn.run_plain(call, deadline))
                 .await
                 .map_err(|error| self.failed(context(), error))?;
             let reply = parse_release(&reply).map_err(|error| self.backend(context(), error))?;
@@ -323,125 +337,6 @@ impl<K: ?Sized> Locks<K> {
         }
         Ok(false)
     }
-
-    /// Every lock held in this family's namespace now, sorted by key: `SCAN` with a `MATCH` on
-    /// the namespace on every primary (of each shard, in a cluster), then one read per lock.
-    /// Locks taken or released during the scan may or may not be listed. A lock's key that holds
-    /// another type (set by hand) is not listed, and a warning names it.
-    ///
-    /// ```no_run
-    /// # async fn demo(locks: sage_lock::Locks<str>) -> Result<(), sage_lock::LockError> {
-    /// for held in locks.scan().await? {
-    ///     println!("{} token {} left {:?}", held.key, held.holder.fencing_token, held.holder.remaining);
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// [`LockError::Backend`] when a server cannot answer.
-    pub async fn scan(&self) -> Result<Vec<HeldLock>, LockError> {
-        let namespace = &self.settings.namespace;
-        let pattern = Value::Bytes(Bytes::from(scan_pattern(namespace)));
-        let mut found: BTreeMap<Vec<u8>, HeldLock> = BTreeMap::new();
-        if let Err(error) = self.engine.conn.ensure_open() {
-            let context = format!("could not scan the locks of namespace {namespace}");
-            return Err(self.backend(context, error));
-        }
-        self.engine.refuse_wrong_node().await?;
-        for slot in self.primaries() {
-            let mut cursor = Value::from("0");
-            loop {
-                let command = CustomCommand::new_static("SCAN", ClusterHash::Custom(slot), false);
-                let args = vec![
-                    cursor,
-                    Value::from("MATCH"),
-                    pattern.clone(),
-                    Value::from("COUNT"),
-                    Value::Integer(SCAN_COUNT),
-                ];
-                let page = self
-                    .engine
-                    .conn
-                    .fred()
-                    .custom::<Value, Value>(command, args);
-                let context = || format!("could not scan the locks of namespace {namespace}");
-                let reply = match tokio::time::timeout_at(self.deadline(), page).await {
-                    Ok(Ok(reply)) => reply,
-                    Ok(Err(error)) => return Err(self.backend(context(), error)),
-                    Err(_) => {
-                        let error = Error::new(ErrorKind::Timeout, "no reply in time");
-                        return Err(self.backend(context(), error));
-                    }
-                };
-                let (next, server_keys) =
-                    parse_scan(reply).ok_or_else(|| self.backend(context(), protocol("SCAN")))?;
-                for server_key in server_keys {
-                    let Some(key) = decode_lock_key(namespace, &server_key) else {
-                        continue;
-                    };
-                    let keys = LockKeys::new(namespace, &key);
-                    match self.inspect(&keys).await? {
-                        Inspected::Held(holder) => {
-                            let held = HeldLock {
-                                key: printable(&key),
-                                key_bytes: key.clone(),
-                                holder,
-                            };
-                            found.insert(key, held);
-                        }
-                        Inspected::Other(kind) => {
-                            let why = not_a_mutex_text(&keys, &kind);
-                            tracing::warn!("scan skipped a key: {why}");
-                        }
-                        Inspected::Free => {}
-                    }
-                }
-                if next == b"0" {
-                    break;
-                }
-                cursor = Value::Bytes(Bytes::from(next));
-            }
-        }
-        Ok(found.into_values().collect())
-    }
-
-    /// One slot served by each primary (one primary outside a cluster), to route `SCAN` by.
-    fn primaries(&self) -> Vec<u16> {
-        let fred = self.engine.conn.fred();
-        if !fred.is_clustered() {
-            return vec![0];
-        }
-        let Some(routing) = fred.cached_cluster_state() else {
-            return vec![0];
-        };
-        let mut by_primary = BTreeMap::new();
-        for range in routing.slots() {
-            by_primary
-                .entry(format!("{}:{}", range.primary.host, range.primary.port))
-                .or_insert(range.start);
-        }
-        by_primary.into_values().collect()
-    }
-}
-
-/// `SCAN`'s `[cursor, [key, ...]]`.
-fn parse_scan(reply: Value) -> Option<(Vec<u8>, Vec<Vec<u8>>)> {
-    let Value::Array(mut items) = reply else {
-        return None;
-    };
-    if items.len() != 2 {
-        return None;
-    }
-    let keys = items.pop()?;
-    let cursor = items.pop()?.as_bytes()?.to_vec();
-    let Value::Array(keys) = keys else {
-        return None;
-    };
-    let keys = keys
-        .into_iter()
-        .map(|key| key.as_bytes().map(<[u8]>::to_vec))
-        .collect::<Option<Vec<_>>>()?;
-    Some((cursor, keys))
 }
 
 fn not_a_mutex(keys: &LockKeys, kind: &str) -> LockError {
@@ -494,17 +389,5 @@ mod tests {
             Ok(Inspected::Free)
         ));
         assert!(parse_inspect(&Value::Null).is_err());
-    }
-
-    #[test]
-    fn scan_replies() {
-        let reply = Value::Array(vec![
-            Value::from("17"),
-            Value::Array(vec![Value::from("{lock:a}"), Value::from("{lock:b}")]),
-        ]);
-        let (cursor, keys) = parse_scan(reply).expect("parsed");
-        assert_eq!(cursor, b"17");
-        assert_eq!(keys, vec![b"{lock:a}".to_vec(), b"{lock:b}".to_vec()]);
-        assert!(parse_scan(Value::Null).is_none());
     }
 }
