@@ -163,7 +163,8 @@ impl<K: ?Sized> Locks<K> {
     }
 
     /// Whether some owner holds the lock on `key` now (the mutex's: a read-write lock or a
-    /// semaphore on the same name is another lock, not seen here).
+    /// semaphore on the same name is another lock, not seen here). Also `true` when the lock's
+    /// server key holds a value of another type (set by hand; [`Locks::holder`] reports it).
     ///
     /// ```no_run
     /// # async fn demo(locks: sage_lock::Locks<str>) -> Result<(), sage_lock::LockError> {
@@ -174,7 +175,12 @@ impl<K: ?Sized> Locks<K> {
     /// ```
     ///
     /// # Errors
-    /// [`LockError::Backend`] when the server cannot answer.
+    /// - [`LockError::InvalidArgument`] (argument `from_fred`): the node of a
+    ///   [`from_fred`](crate::LockClient::from_fred) client cannot hold locks.
+    /// - [`LockError::Backend`]: the server cannot answer in time, the connection is down, the
+    ///   call is outside a Tokio runtime, or the client was closed by
+    ///   [`LockClient::quit`](crate::LockClient::quit). The call is not retried: such a failure
+    ///   may be transient (kind `Timeout`), and a later call may succeed.
     pub async fn is_locked<Q>(&self, key: &Q) -> Result<bool, LockError>
     where
         K: Borrow<Q>,
@@ -196,8 +202,14 @@ impl<K: ?Sized> Locks<K> {
     /// ```
     ///
     /// # Errors
-    /// [`LockError::InvalidArgument`] when the lock's server key holds another type (set by
-    /// hand or by another program); [`LockError::Backend`] when the server cannot answer.
+    /// - [`LockError::InvalidArgument`] (argument `key`): the lock's server key holds another
+    ///   type (set by hand or by another program); found on the server.
+    /// - [`LockError::InvalidArgument`] (argument `from_fred`): the node of a
+    ///   [`from_fred`](crate::LockClient::from_fred) client cannot hold locks.
+    /// - [`LockError::Backend`]: the server cannot answer in time, the connection is down, the
+    ///   call is outside a Tokio runtime, or the client was closed by
+    ///   [`LockClient::quit`](crate::LockClient::quit). The call is not retried: such a failure
+    ///   may be transient (kind `Timeout`), and a later call may succeed.
     pub async fn holder<Q>(&self, key: &Q) -> Result<Option<HolderInfo>, LockError>
     where
         K: Borrow<Q>,
@@ -226,8 +238,14 @@ impl<K: ?Sized> Locks<K> {
     /// ```
     ///
     /// # Errors
-    /// [`LockError::InvalidArgument`] when the lock's server key holds another type;
-    /// [`LockError::Backend`] when the server cannot answer.
+    /// - [`LockError::InvalidArgument`] (argument `key`): the lock's server key holds another
+    ///   type; found on the server.
+    /// - [`LockError::InvalidArgument`] (argument `from_fred`): the node of a
+    ///   [`from_fred`](crate::LockClient::from_fred) client cannot hold locks.
+    /// - [`LockError::Backend`]: the server cannot answer in time, the connection is down, the
+    ///   call is outside a Tokio runtime, or the client was closed by
+    ///   [`LockClient::quit`](crate::LockClient::quit). The call is not retried: such a failure
+    ///   may be transient (kind `Timeout`), and a later call may succeed.
     pub async fn force_unlock<Q>(&self, key: &Q) -> Result<bool, LockError>
     where
         K: Borrow<Q>,
@@ -245,8 +263,14 @@ impl<K: ?Sized> Locks<K> {
     /// ```
     ///
     /// # Errors
-    /// [`LockError::InvalidArgument`] when `by` is empty or the lock's server key holds another type;
-    /// [`LockError::Backend`] when the server cannot answer.
+    /// - [`LockError::InvalidArgument`]: `by` is empty or blank (argument `by`, nothing sent),
+    ///   or the lock's server key holds another type (argument `key`).
+    /// - [`LockError::InvalidArgument`] (argument `from_fred`): the node of a
+    ///   [`from_fred`](crate::LockClient::from_fred) client cannot hold locks.
+    /// - [`LockError::Backend`]: the server cannot answer in time, the connection is down, the
+    ///   call is outside a Tokio runtime, or the client was closed by
+    ///   [`LockClient::quit`](crate::LockClient::quit). The call is not retried: such a failure
+    ///   may be transient (kind `Timeout`), and a later call may succeed.
     pub async fn force_unlock_by<Q>(&self, key: &Q, by: &str) -> Result<bool, LockError>
     where
         K: Borrow<Q>,
@@ -338,7 +362,12 @@ impl<K: ?Sized> Locks<K> {
     /// ```
     ///
     /// # Errors
-    /// [`LockError::Backend`] when a server cannot answer.
+    /// - [`LockError::InvalidArgument`] (argument `from_fred`): the node of a
+    ///   [`from_fred`](crate::LockClient::from_fred) client cannot hold locks.
+    /// - [`LockError::Backend`]: the server cannot answer in time, the connection is down, the
+    ///   call is outside a Tokio runtime, or the client was closed by
+    ///   [`LockClient::quit`](crate::LockClient::quit). The call is not retried: such a failure
+    ///   may be transient (kind `Timeout`), and a later call may succeed.
     pub async fn scan(&self) -> Result<Vec<HeldLock>, LockError> {
         let namespace = &self.settings.namespace;
         let pattern = Value::Bytes(Bytes::from(scan_pattern(namespace)));
