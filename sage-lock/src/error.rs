@@ -236,8 +236,7 @@ impl fmt::Display for TimeoutReason {
     }
 }
 
-/// How a held lock was lost: the `reason` of [`LockError::LockLost`] (see [`LockError`]'s
-/// example).
+/// How a held lock was lost: the `reason` of [`LockError::LockLost`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LossReason {

@@ -358,7 +358,8 @@ impl LockClientBuilder {
     }
 
     /// Size of the dedicated connection pool used for `WAIT` (default 16, at least 1;
-    /// `usize::MAX` for, in effect, no limit). Callers wait for a free connection in turn,
+    /// `usize::MAX` for, in effect, no limit: values above Tokio's semaphore limit, about
+    /// 2.3 × 10¹⁸, count as that limit). Callers wait for a free connection in turn,
     /// except renewals, which go ahead of queued acquisitions.
     #[must_use]
     pub fn max_connections(mut self, max_connections: usize) -> Self {

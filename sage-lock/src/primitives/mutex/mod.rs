@@ -81,7 +81,8 @@ impl<K: ?Sized> Locks<K> {
     /// Construct the work inside `body`: work started before the call may run unprotected, and
     /// tasks the body spawns without awaiting them may outlive the lock. The body runs at most
     /// once and is never retried. A body that panics propagates the panic out of this call; the
-    /// lock is released at once, in the background.
+    /// lock is then released at once, in the background, as when the call is cancelled (a
+    /// [`hold_at_least`](crate::LockOptions::hold_at_least) minimum hold is kept).
     ///
     /// After the body ends, the call waits for the release's reply: when the server stopped
     /// answering, a successful call returns up to [`RELEASE_TIMEOUT`](crate::RELEASE_TIMEOUT)
@@ -96,7 +97,8 @@ impl<K: ?Sized> Locks<K> {
     ///   delays and replica acknowledgement, not the body). It returns at most about 25 ms past
     ///   the wait, also when the server stopped answering. Nested in the body of the task's own
     ///   hold of `key` in a family that is not [`reentrant`](crate::LockOptions::reentrant), it
-    ///   returns at once with [`TimeoutReason::HeldByThisTask`](crate::TimeoutReason).
+    ///   returns at once with
+    ///   [`TimeoutReason::HeldByThisTask`](crate::TimeoutReason::HeldByThisTask).
     /// - [`LockError::LockLost`]: the lease was lost; the body future was dropped. It returns
     ///   at the loss (at most about 25 ms later), the release that follows going on in the
     ///   background. A loss nobody noticed before the body ended (no renewal came between) is
