@@ -65,7 +65,8 @@ pub enum LockError {
     },
 
     /// An argument was out of range or malformed, or the server cannot serve as a lock store as
-    /// configured. Retrying the same call does not help; `message` says what to change.
+    /// configured. Retrying the same call does not help until that changes; `message` says what
+    /// to change.
     ///
     /// Mostly found before anything is sent to the server. Three cases come after a round trip,
     /// about the server's state:

@@ -76,10 +76,10 @@
 //!
 //! ## Runtime
 //!
-//! sage-lock runs on Tokio. A lock call, operator tool or
-//! [`LockClient::connect`] polled outside a Tokio runtime fails with [`LockError::Backend`] of
-//! fred's kind `Config`. [`LockClient::from_fred`] and [`LockClient::quit`] also work outside
-//! one.
+//! sage-lock runs on Tokio. A lock call, an operator tool, [`LockClient::connect`] or
+//! [`LockClient::dedicated_connection`] polled outside a Tokio runtime fails with
+//! [`LockError::Backend`] of fred's kind `Config`. [`LockClient::from_fred`] and
+//! [`LockClient::quit`] also work outside one.
 //!
 //! ## Observability
 //!
