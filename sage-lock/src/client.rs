@@ -79,7 +79,9 @@ impl LockClient {
     /// A lock family with explicit options; unset options take the service-wide defaults.
     ///
     /// # Errors
-    /// [`LockError::InvalidArgument`] when the lease is below 30 ms or the namespace is empty.
+    /// [`LockError::InvalidArgument`] (naming the option) when the lease is below 30 ms or over
+    /// one year, `hold_at_least` is over one year, or the namespace is empty, blank or padded
+    /// with whitespace.
     pub fn lock_with<K: ?Sized>(&self, options: LockOptions) -> Result<Locks<K>, LockError> {
         let settings = options.resolve();
         settings.validate()?;
@@ -106,7 +108,9 @@ impl LockClient {
     /// defaults.
     ///
     /// # Errors
-    /// [`LockError::InvalidArgument`] when the lease is below 30 ms or the namespace is empty.
+    /// [`LockError::InvalidArgument`] (naming the option) when the lease is below 30 ms or over
+    /// one year, `hold_at_least` is over one year, or the namespace is empty, blank or padded
+    /// with whitespace.
     pub fn rw_lock_with<K: ?Sized>(&self, options: LockOptions) -> Result<RwLocks<K>, LockError> {
         let settings = options.resolve();
         settings.validate()?;
@@ -137,8 +141,9 @@ impl LockClient {
     /// A family of expirable semaphores with `permits` holders per key and explicit options.
     ///
     /// # Errors
-    /// [`LockError::InvalidArgument`] when `permits` is 0, the lease is below 30 ms or the
-    /// namespace is empty.
+    /// [`LockError::InvalidArgument`] (naming the option) when `permits` is 0, the lease is below
+    /// 30 ms or over one year, `hold_at_least` is over one year, or the namespace is empty, blank
+    /// or padded with whitespace.
     pub fn semaphore_with<K: ?Sized>(
         &self,
         permits: u32,
@@ -191,7 +196,11 @@ impl LockClient {
         self.inner.conn.stats.snapshot()
     }
 
-    /// The server-side key that holds the lock on `key` in `namespace` (for inspection and tests).
+    /// The server-side key that holds the mutex ([`Locks`]) on `key` in `namespace`, `{ns:key}`
+    /// (for inspection and tests). A read-write lock ([`RwLocks`]) holds `{ns:key}:w` (its
+    /// writer) and `{ns:key}:r` (its readers) instead, a semaphore ([`Semaphores`])
+    /// `{ns:key}:sem`; all share the fencing counter `{ns:key}:fence`. `namespace` is not
+    /// checked: an empty or padded one gives a key no lock family uses.
     ///
     /// ```
     /// let server_key = sage_lock::LockClient::server_key("billing", "account:42");
@@ -209,6 +218,14 @@ impl LockClient {
     /// [`LockClient::fred`] (in a cluster, `MOVED`/`ASK` come back as errors). Dropped, it is
     /// closed, so nothing done on it reaches lock operations (see [`DedicatedConnection`]).
     ///
+    /// A borrowed connection counts against
+    /// [`max_connections`](crate::LockClientBuilder::max_connections) until dropped. In a
+    /// replicated deployment, acquisitions and renewals wait for a free one too: holding all
+    /// of them makes acquisitions time out with
+    /// [`TimeoutReason::PoolExhausted`](crate::TimeoutReason::PoolExhausted) and can make this
+    /// client's own held locks be lost ([`LockError::LockLost`]) when their renewals find none
+    /// in time.
+    ///
     /// ```no_run
     /// # async fn demo(client: sage_lock::LockClient) -> Result<(), sage_lock::LockError> {
     /// use std::time::Duration;
@@ -221,7 +238,9 @@ impl LockClient {
     ///
     /// # Errors
     /// [`LockError::Backend`] when no connection became free within `timeout`, connecting
-    /// failed, or the client was closed by [`LockClient::quit`] (at once; nothing is opened).
+    /// failed, the call is outside a Tokio runtime, or the client was closed by
+    /// [`LockClient::quit`] (at once; nothing is opened). It is not retried: apart from `quit`
+    /// and a missing runtime, a later call may succeed.
     pub async fn dedicated_connection(
         &self,
         timeout: Duration,

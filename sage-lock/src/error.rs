@@ -33,11 +33,13 @@ pub enum LockError {
         quoted(.key)
     )]
     TimedOut {
-        /// The lock key, printable (non-UTF-8 bytes escaped).
+        /// The lock key, printable (non-UTF-8 bytes escaped). Under `with_locks` /
+        /// `try_with_locks` it may name the keys it could be, e.g. `one of a, b, c`.
         key: String,
         /// The lock's namespace.
         namespace: String,
-        /// How long the call tried before giving up.
+        /// How long the call tried before giving up: about the wait, about a second for
+        /// `try_with_lock`, a few microseconds for [`TimeoutReason::HeldByThisTask`].
         waited: Duration,
         /// What stood in the way.
         reason: TimeoutReason,
@@ -62,17 +64,48 @@ pub enum LockError {
         reason: LossReason,
     },
 
-    /// An argument was out of range or malformed; nothing was sent to the server.
+    /// An argument was out of range or malformed, or the server cannot serve as a lock store as
+    /// configured. Retrying the same call does not help until that changes; `message` says what
+    /// to change.
+    ///
+    /// Mostly found before anything is sent to the server. Three cases come after a round trip,
+    /// about the server's state:
+    /// - `argument` `key`: a lock key holds a value of another type than sage-lock writes
+    ///   (set by hand or by another program), from the lock calls and the operator tools;
+    /// - `argument` `url`: [`LockClient::connect`](crate::LockClient::connect) reached a
+    ///   replica, a cluster node or a Sentinel through a plain URL;
+    /// - `argument` `from_fred`: every call of a
+    ///   [`LockClient::from_fred`](crate::LockClient::from_fred) client whose node cannot hold
+    ///   locks (a replica, a cluster node through a plain configuration, a Sentinel).
     #[error("invalid argument `{argument}`: {message}")]
     InvalidArgument {
-        /// The argument's name, e.g. `lease`, `namespace`, `wait_timeout`, `url`.
+        /// What was refused. Usually an argument's or setting's name: `lease`, `hold_at_least`,
+        /// `namespace`, `wait_timeout`, `permits`, `keys`, `key`, `by`, `url`,
+        /// `max_connections`, `renewal_batch_limit`, `command_timeout`, `connect_timeout`,
+        /// `tls_ca`, `tls_client_cert`. Otherwise: `defaults` (`global::set_defaults` after a
+        /// family was created), `profile` (a profile, its name or its environment override),
+        /// `wait` (`#[locked(profile = ...)]` with no wait), `global client` (no global client,
+        /// or a second `global::install`), `SAGE_LOCK_URL` (that variable empty or malformed),
+        /// and `from_fred` (see above). New values may be added.
         argument: &'static str,
         /// What is wrong and how to fix it.
         message: String,
     },
 
-    /// The server or the connection failed in a way that retrying will not fix (for example a
-    /// permission error, a wrong URL, or an unreachable server at connect time).
+    /// The server or the connection failed, or the call cannot run at all.
+    ///
+    /// Whether a retry can help depends on the call:
+    /// - The lock calls (`with_lock`, `try_with_lock`, `with_locks`, `read`, `write`,
+    ///   `acquire` and their try forms) retry transient failures within their wait and report
+    ///   those as [`TimeoutReason::Unavailable`]. Their `Backend` is not transient: a
+    ///   permission or script error, a call outside a Tokio runtime (kind `Config`), or a
+    ///   client closed by [`LockClient::quit`](crate::LockClient::quit) (kind `Canceled`).
+    /// - The operator tools (`is_locked`, `holder`, `force_unlock`, `force_unlock_by`, `scan`)
+    ///   and [`LockClient::dedicated_connection`](crate::LockClient::dedicated_connection) do
+    ///   not retry: their `Backend` may be transient (kind `Timeout`, a lost connection, an
+    ///   exhausted pool), and a later call may succeed.
+    /// - [`LockClient::connect`](crate::LockClient::connect): an unreachable or silent server
+    ///   (which may come back), wrong credentials, a missing database.
     #[error("{context}: {source}")]
     Backend {
         /// What sage-lock was doing.
@@ -139,7 +172,9 @@ pub enum TimeoutReason {
     /// family is not reentrant (a mutex, a write lock, a one-holder semaphore, or a key of the
     /// task's own `with_locks`), or holds the other kind of a read-write lock (a write nested
     /// in its read, a read in its write): its hold lasts until that body ends, so waiting could
-    /// only time out. Reported at once.
+    /// only time out. Reported at once by the waiting calls (`with_lock`, `with_locks`,
+    /// `read`, `write`, `acquire`); the try calls return `Ok(None)` instead, as for another
+    /// owner's hold.
     HeldByThisTask,
     /// Others held the lock for the whole wait while the calling task itself holds a shared
     /// hold of the same kind on it (a read nested in its read, a permit in its permit) and the
@@ -202,8 +237,7 @@ impl fmt::Display for TimeoutReason {
     }
 }
 
-/// How a held lock was lost: the `reason` of [`LockError::LockLost`] (see [`LockError`]'s
-/// example).
+/// How a held lock was lost: the `reason` of [`LockError::LockLost`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LossReason {

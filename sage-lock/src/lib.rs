@@ -74,6 +74,53 @@
 //! async fn transfer(from: u64, to: u64) -> Result<(), sage_lock::LockError> { Ok(()) }
 //! ```
 //!
+//! ## Runtime
+//!
+//! sage-lock runs on Tokio. A lock call, an operator tool, [`LockClient::connect`] or
+//! [`LockClient::dedicated_connection`] polled outside a Tokio runtime fails with
+//! [`LockError::Backend`] of fred's kind `Config`. [`LockClient::from_fred`] and
+//! [`LockClient::quit`] also work outside one.
+//!
+//! ## Observability
+//!
+//! Events go through [`tracing`](https://docs.rs/tracing), with `key` and `namespace` fields
+//! (`DEBUG` for the normal path, `WARN` for losses and failed releases). Counters and histograms
+//! go through the [`metrics`](https://docs.rs/metrics) facade, each labelled by `namespace`:
+//!
+//! | metric | kind | meaning |
+//! |---|---|---|
+//! | `sage_lock_acquisitions_total` | counter | locks acquired |
+//! | `sage_lock_busy_retries_total` | counter | attempts that found the lock held by another owner (a try call's included) |
+//! | `sage_lock_handoffs_total` | counter | acquisitions a release handed over on the server |
+//! | `sage_lock_transient_retries_total` | counter | acquisition attempts that hit a transient failure |
+//! | `sage_lock_timeouts_total` | counter | acquisitions that gave up ([`LockError::TimedOut`]), also labelled by `reason`: `busy`, `not_acknowledged`, `unavailable`, `pool_exhausted`, `held_by_this_task`, `behind_own_hold` (the [`TimeoutReason`]) |
+//! | `sage_lock_renewals_total` | counter | successful renewals |
+//! | `sage_lock_renewal_failures_total` | counter | renewal attempts that failed (may recover) |
+//! | `sage_lock_losses_total` | counter | held locks lost |
+//! | `sage_lock_releases_total` | counter | holds removed by their owner |
+//! | `sage_lock_fence_regressions_total` | counter | exclusive grants' fencing tokens lower than one this client saw before for the key |
+//! | `sage_lock_wait_seconds` | histogram | time from call to acquisition |
+//! | `sage_lock_hold_seconds` | histogram | time from acquisition to the body's end or loss |
+//!
+//! The metric handles are registered when a lock family is created, so install the recorder
+//! before creating lock families. The same counters, without a recorder:
+//! [`LockClient::stats`].
+//!
+//! ## Keys left on the server
+//!
+//! The mutex on key `k` in namespace `ns` is the string key `{ns:k}` (see
+//! [`LockClient::server_key`]), removed on release. Every key ever locked also leaves
+//! `{ns:k}:fence`, its fencing counter, without an expiry, and (for a mutex) `{ns:k}:since`, the
+//! last grant's marker, which expires 10 years after that grant: together about 150–220 bytes per
+//! key ever locked, kept for ever (about 200 MB per million distinct keys). Deleting both frees
+//! them, but restarts that key's fencing tokens at 1. Use a dedicated namespace for locks.
+//!
+//! ## Cargo features
+//!
+//! - `serde`: `Deserialize` for [`LockOptions`], [`Profile`] and [`Profiles`] (durations as
+//!   text: `"2s"`, `"1m30s"`).
+//! - `uuid`: [`KeyCodec`] for `uuid::Uuid` (hyphenated, lower-case).
+//!
 //! ## Limits
 //!
 //! Exclusivity holds only while the lease is valid and the server keeps the key. A long process

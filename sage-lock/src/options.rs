@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::error::LockError;
 use crate::observe::Metrics;
 
-/// The shortest lease accepted by [`LockOptions::lease`] (see [`LockOptions`]'s example).
+/// The shortest lease accepted by [`LockOptions::lease`] (the longest is one year, 365 days).
 // `#[locked]` checks its `lease` literal against the same number at compile time:
 // `MIN_LEASE_MILLIS` in `sage-lock-macros/src/args.rs` (which cannot depend on this crate).
 pub const MIN_LEASE: Duration = Duration::from_millis(30);
@@ -49,15 +49,21 @@ impl LockOptions {
         LockOptions::default()
     }
 
-    /// How long a lock stays valid without renewal (at least 30 ms). Renewal keeps it alive while
-    /// the body runs; after a crash, others wait up to this long.
+    /// How long a lock stays valid without renewal (default 30 s; at least [`MIN_LEASE`], 30 ms,
+    /// and at most one year, 365 days). Renewal keeps it alive while the body runs; after a
+    /// crash, others wait up to this long.
+    ///
+    /// A lease out of bounds makes the family's constructor (`lock_with`, `rw_lock_with`,
+    /// `semaphore_with`) fail with [`LockError::InvalidArgument`] (argument `lease`).
     #[must_use]
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);
         self
     }
 
-    /// The namespace: locks in different namespaces never conflict. Must not be empty or blank.
+    /// The namespace (default `lock`): locks in different namespaces never conflict. Must not be
+    /// empty, blank, or padded with whitespace; otherwise the family's constructor fails with
+    /// [`LockError::InvalidArgument`] (argument `namespace`).
     #[must_use]
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = Some(namespace.into());
@@ -80,7 +86,9 @@ impl LockOptions {
     /// little later find the key still held and skip. A minimum hold longer than the lease is
     /// allowed: the key then keeps the remainder as its TTL. The minimum hold is kept when the
     /// call is cancelled (its future dropped) after the body started, but not when the lock was
-    /// lost, and not for a reentrant inner call (the outer call governs).
+    /// lost, and not for a reentrant inner call (the outer call governs). At most one year
+    /// (365 days); longer makes the family's constructor fail with
+    /// [`LockError::InvalidArgument`] (argument `hold_at_least`).
     ///
     /// ```
     /// use std::time::Duration;
@@ -98,8 +106,10 @@ impl LockOptions {
     }
 
     /// Whether a call for a lock the current task already holds (same client, namespace and key)
-    /// runs its body at once under the held lease (default: off, a nested call waits for the
-    /// lock and times out).
+    /// runs its body at once under the held lease. Default: off; a nested waiting call then fails
+    /// at once with [`LockError::TimedOut`] and
+    /// [`TimeoutReason::HeldByThisTask`](crate::TimeoutReason::HeldByThisTask), and a nested
+    /// try call returns `Ok(None)`, the body not run.
     ///
     /// The inner body sees the outer [`Lease`](crate::Lease) (same fencing token) and releases
     /// nothing: the lock is released when the outer call ends. A
@@ -252,21 +262,24 @@ impl ServiceDefaults {
         ServiceDefaults::default()
     }
 
-    /// Sets the default lease.
+    /// Sets the default lease: how long a lock stays valid without renewal (built-in: 30 s;
+    /// 30 ms to one year, checked by [`set_defaults`]).
     #[must_use]
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
     }
 
-    /// Sets the default namespace.
+    /// Sets the default namespace the lock keys live in (built-in: `lock`; not empty, blank or
+    /// whitespace-padded, checked by [`set_defaults`]).
     #[must_use]
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = namespace.into();
         self
     }
 
-    /// Sets the default replica acknowledgement.
+    /// Sets whether replicated deployments wait for replicas to acknowledge acquisition and
+    /// renewal by default (built-in: on; see [`LockOptions::replica_acknowledgement`]).
     #[must_use]
     pub fn replica_acknowledgement(mut self, on: bool) -> Self {
         self.replica_acknowledgement = on;
@@ -279,7 +292,8 @@ impl ServiceDefaults {
 /// [module example](crate::global).
 ///
 /// # Errors
-/// [`LockError::InvalidArgument`] for a lease below 30 ms, an empty namespace, a second call, or
+/// [`LockError::InvalidArgument`] for a lease below 30 ms or over one year (argument `lease`), an
+/// empty, blank or whitespace-padded namespace (argument `namespace`), a second call, or
 /// a call after a lock family or `#[locked]` call already used the built-in defaults (later
 /// calls would resolve other defaults, another namespace for instance, than the holders
 /// before them, and not exclude them).

@@ -24,10 +24,12 @@ use checks::check_limits;
 use fred_settings::{AbortOnDrop, build_fred, first_connection};
 
 /// Default size of the dedicated connection pool; change it with
-/// [`LockClientBuilder::max_connections`] (see [`LockClientBuilder`]'s example).
+/// [`LockClientBuilder::max_connections`] (as [`LockClientBuilder`]'s example does).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16;
 /// Default time allowed for the initial connection; change it with
-/// [`LockClientBuilder::connect_timeout`] (see [`LockClientBuilder`]'s example).
+/// [`LockClientBuilder::connect_timeout`]. The handshake's commands are also bounded by the
+/// command timeout (5 s by default), so a server that accepts the connection but never answers
+/// fails after the shorter of the two.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default most leases renewed by one script call; change it with
 /// [`LockClientBuilder::renewal_batch_limit`].
@@ -49,8 +51,12 @@ impl LockClient {
     /// [`LockClientBuilder::replicated`].
     ///
     /// # Errors
-    /// [`LockError::InvalidArgument`] for a malformed URL, [`LockError::Backend`] when the server
-    /// cannot be reached within [`DEFAULT_CONNECT_TIMEOUT`].
+    /// - [`LockError::InvalidArgument`] (argument `url`): a malformed URL; or the URL is a plain
+    ///   one and the server is a replica, a cluster node or a Sentinel (found after asking it).
+    /// - [`LockError::Backend`]: the server cannot be reached within
+    ///   [`DEFAULT_CONNECT_TIMEOUT`], or accepts the connection but does not answer within the
+    ///   command timeout (5 s, the shorter bound); wrong credentials; a database the server
+    ///   does not have; a call outside a Tokio runtime.
     pub async fn connect(url: &str) -> Result<LockClient, LockError> {
         LockClient::builder().url(url).connect().await
     }
@@ -76,7 +82,8 @@ impl LockClient {
     /// fails fast (`fail_fast = true`: a refused connection, wrong credentials or a missing
     /// database is reported at once with its cause, not retried until the connect timeout),
     /// connections are not named (`auto_client_setname = false`: the README's ACL rule does not
-    /// grant `CLIENT SETNAME`), connecting may take 10 s and commands time out after 5 s. The lock client
+    /// grant `CLIENT SETNAME`), connecting may take 10 s (its handshake's commands 5 s) and
+    /// commands time out after 5 s. The lock client
     /// opens connections of its own (`client` is left untouched) and closes them when its last
     /// clone is dropped. The deployment is read from the configuration; to declare a plain
     /// server replicated, use `LockClient::builder().fred_client(&client).replicated(true)`.
@@ -236,10 +243,11 @@ impl LockClientBuilder {
     /// (DNS name or IP address) in its subject alternative names.
     ///
     /// ```no_run
-    /// # async fn demo() -> Result<(), sage_lock::LockError> {
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ca = std::fs::read("/etc/redis/ca.crt")?; // or tls_ca_file
     /// let client = sage_lock::LockClient::builder()
     ///     .url("rediss://redis.internal:6380")
-    ///     .tls_ca_pem(std::fs::read("/etc/redis/ca.crt").unwrap_or_default())
+    ///     .tls_ca_pem(ca)
     ///     .connect()
     ///     .await?;
     /// # Ok(()) }
@@ -280,9 +288,9 @@ impl LockClientBuilder {
     /// given there, else the system's. The key never appears in any output.
     ///
     /// ```no_run
-    /// # async fn demo() -> Result<(), sage_lock::LockError> {
-    /// let cert = std::fs::read("/etc/app/redis-client.crt").unwrap_or_default();
-    /// let key = std::fs::read("/etc/app/redis-client.key").unwrap_or_default();
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let cert = std::fs::read("/etc/app/redis-client.crt")?;
+    /// let key = std::fs::read("/etc/app/redis-client.key")?;
     /// let client = sage_lock::LockClient::builder()
     ///     .url("rediss://10.0.0.5:6380")
     ///     .tls_ca_file("/etc/redis/ca.crt")
@@ -294,7 +302,7 @@ impl LockClientBuilder {
     ///
     /// Unusable input (no certificate, no or a mismatched private key) makes
     /// [`connect`](LockClientBuilder::connect) fail with [`LockError::InvalidArgument`]
-    /// (argument `tls_client_cert`).
+    /// (argument `tls_client_cert`); a plaintext `redis://` URL with it, with argument `tls_ca`.
     #[must_use]
     pub fn tls_client_cert_pem(
         mut self,
@@ -339,8 +347,10 @@ impl LockClientBuilder {
     }
 
     /// Declares that a plain `redis://` server is the primary of a replicated deployment, so
-    /// lock operations check `ROLE` and wait for replicas. Sentinel and cluster URLs are
-    /// replicated already.
+    /// lock operations check `ROLE` and wait for replicas (default: off for a plain URL).
+    /// Sentinel and cluster URLs are replicated already: `replicated(false)` has no effect on
+    /// them (turn acknowledgement off per family with
+    /// [`LockOptions::replica_acknowledgement`](crate::LockOptions::replica_acknowledgement)).
     #[must_use]
     pub fn replicated(mut self, replicated: bool) -> Self {
         self.replicated = Some(replicated);
@@ -348,7 +358,8 @@ impl LockClientBuilder {
     }
 
     /// Size of the dedicated connection pool used for `WAIT` (default 16, at least 1;
-    /// `usize::MAX` for, in effect, no limit). Callers wait for a free connection in turn,
+    /// `usize::MAX` for, in effect, no limit: values above Tokio's semaphore limit, about
+    /// 2.3 × 10¹⁸, count as that limit). Callers wait for a free connection in turn,
     /// except renewals, which go ahead of queued acquisitions.
     #[must_use]
     pub fn max_connections(mut self, max_connections: usize) -> Self {
@@ -364,7 +375,10 @@ impl LockClientBuilder {
         self
     }
 
-    /// Longest time the initial connection may take (default 10 s; at least 1 ms).
+    /// Longest time the initial connection may take (default 10 s; at least 1 ms). The
+    /// handshake's commands are bounded by [`command_timeout`](LockClientBuilder::command_timeout)
+    /// too: a server that accepts the connection but never answers fails after the shorter of
+    /// the two, so raising this past the command timeout needs a longer command timeout too.
     #[must_use]
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
@@ -399,8 +413,13 @@ impl LockClientBuilder {
     /// `redis://127.0.0.1:6379`.
     ///
     /// # Errors
-    /// [`LockError::InvalidArgument`] for a bad URL or setting, [`LockError::Backend`] when the
-    /// server cannot be reached in time.
+    /// - [`LockError::InvalidArgument`]: a bad URL or setting (the argument names it), TLS
+    ///   settings with a plaintext URL (argument `tls_ca`), or a replica, cluster node or
+    ///   Sentinel behind a plain URL (argument `url`, found after asking the server).
+    /// - [`LockError::Backend`]: as for [`LockClient::connect`]: the server cannot be reached
+    ///   within the connect timeout, or does not answer the handshake within the shorter of
+    ///   the connect and command timeouts; wrong credentials; a missing database; a call
+    ///   outside a Tokio runtime.
     pub async fn connect(mut self) -> Result<LockClient, LockError> {
         let mut config = std::mem::replace(&mut self.config, Ok(Config::default()))?;
         let tls = std::mem::take(&mut self.tls);

@@ -35,8 +35,9 @@ pub(crate) use node::{NodeCheck, wrong_node_problem};
 pub(crate) use run::CALLER_TIMED;
 pub(crate) use verdict::{Ack, OpError};
 
-/// How long releasing may take before [`Locks::with_lock`](crate::Locks::with_lock) returns
-/// anyway (see its example). A release is a connection-level operation, so the bound lives here.
+/// How long releasing may take before [`Locks::with_lock`](crate::Locks::with_lock) (and every
+/// body-running call) returns anyway: when the server stops answering, a successful call
+/// returns up to this long after its body ended, the lock then expiring with its lease.
 pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The detail text of the error every operation of a client fails with once

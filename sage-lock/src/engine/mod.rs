@@ -37,7 +37,8 @@ pub(crate) use multi::{Unit, run_all};
 pub(crate) use waiters::Waiters;
 
 /// How long [`Locks::try_with_lock`](crate::Locks::try_with_lock) retries transient failures at
-/// most (see [`Locks::with_lock`](crate::Locks::with_lock)'s example).
+/// most, before it returns [`TimedOut`](crate::LockError::TimedOut) (bounded by
+/// the usable lease as well).
 pub const TRY_LOCK_RETRY_WINDOW: Duration = Duration::from_secs(1);
 pub use crate::connection::RELEASE_TIMEOUT;
 

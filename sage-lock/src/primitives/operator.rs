@@ -2,7 +2,7 @@
 //! of the held locks of a namespace (`SCAN` on every primary, never `KEYS`). They see mutex
 //! locks only, not a read-write lock's or a semaphore's holds (the README says where those are).
 //!
-//! Each server call is retried ([`retrying`]), as the lock calls are: a read after any transient
+//! Each server call is retried ([`retrying()`]), as the lock calls are: a read after any transient
 //! failure, the forced release when the server refused it unrun. A slot being migrated (`ASK`,
 //! `TRYAGAIN`) makes an operator call wait for the migration's end, within the command timeout,
 //! rather than fail.
@@ -179,9 +179,15 @@ impl<K: ?Sized> Locks<K> {
     /// ```
     ///
     /// # Errors
-    /// [`LockError::InvalidArgument`] when the lock's server key holds another type (set by
-    /// hand or by another program), as [`Locks::holder`]; [`LockError::Backend`] when the server
-    /// cannot answer (a slot being migrated is waited for, within the command timeout).
+    /// - [`LockError::InvalidArgument`] (argument `key`): the lock's server key holds another
+    ///   type (set by hand or by another program); found on the server.
+    /// - [`LockError::InvalidArgument`] (argument `from_fred`): the node of a
+    ///   [`from_fred`](crate::LockClient::from_fred) client cannot hold locks.
+    /// - [`LockError::Backend`]: the server cannot answer in time, the connection is down, the
+    ///   call is outside a Tokio runtime, or the client was closed by
+    ///   [`LockClient::quit`](crate::LockClient::quit). Brief server errors (a slot being
+    ///   migrated, `TRYAGAIN`) are retried within the command timeout; a failure that outlasts
+    ///   it may be transient (kind `Timeout`), and a later call may succeed.
     pub async fn is_locked<Q>(&self, key: &Q) -> Result<bool, LockError>
     where
         K: Borrow<Q>,
@@ -207,9 +213,15 @@ impl<K: ?Sized> Locks<K> {
     /// ```
     ///
     /// # Errors
-    /// [`LockError::InvalidArgument`] when the lock's server key holds another type (set by
-    /// hand or by another program); [`LockError::Backend`] when the server cannot answer (a
-    /// slot being migrated is waited for, within the command timeout).
+    /// - [`LockError::InvalidArgument`] (argument `key`): the lock's server key holds another
+    ///   type (set by hand or by another program); found on the server.
+    /// - [`LockError::InvalidArgument`] (argument `from_fred`): the node of a
+    ///   [`from_fred`](crate::LockClient::from_fred) client cannot hold locks.
+    /// - [`LockError::Backend`]: the server cannot answer in time, the connection is down, the
+    ///   call is outside a Tokio runtime, or the client was closed by
+    ///   [`LockClient::quit`](crate::LockClient::quit). Brief server errors (a slot being
+    ///   migrated, `TRYAGAIN`) are retried within the command timeout; a failure that outlasts
+    ///   it may be transient (kind `Timeout`), and a later call may succeed.
     pub async fn holder<Q>(&self, key: &Q) -> Result<Option<HolderInfo>, LockError>
     where
         K: Borrow<Q>,
@@ -238,9 +250,15 @@ impl<K: ?Sized> Locks<K> {
     /// ```
     ///
     /// # Errors
-    /// [`LockError::InvalidArgument`] when the lock's server key holds another type;
-    /// [`LockError::Backend`] when the server cannot answer (a slot being migrated is waited
-    /// for, within the command timeout).
+    /// - [`LockError::InvalidArgument`] (argument `key`): the lock's server key holds another
+    ///   type (set by hand or by another program); found on the server.
+    /// - [`LockError::InvalidArgument`] (argument `from_fred`): the node of a
+    ///   [`from_fred`](crate::LockClient::from_fred) client cannot hold locks.
+    /// - [`LockError::Backend`]: the server cannot answer in time, the connection is down, the
+    ///   call is outside a Tokio runtime, or the client was closed by
+    ///   [`LockClient::quit`](crate::LockClient::quit). Brief server errors (a slot being
+    ///   migrated, `TRYAGAIN`) are retried within the command timeout; a failure that outlasts
+    ///   it may be transient (kind `Timeout`), and a later call may succeed.
     pub async fn force_unlock<Q>(&self, key: &Q) -> Result<bool, LockError>
     where
         K: Borrow<Q>,
@@ -258,8 +276,15 @@ impl<K: ?Sized> Locks<K> {
     /// ```
     ///
     /// # Errors
-    /// [`LockError::InvalidArgument`] when `by` is empty or the lock's server key holds another type;
-    /// [`LockError::Backend`] when the server cannot answer (as [`Locks::force_unlock`]).
+    /// - [`LockError::InvalidArgument`]: `by` is empty or blank (argument `by`, nothing sent),
+    ///   or the lock's server key holds another type (argument `key`).
+    /// - [`LockError::InvalidArgument`] (argument `from_fred`): the node of a
+    ///   [`from_fred`](crate::LockClient::from_fred) client cannot hold locks.
+    /// - [`LockError::Backend`]: the server cannot answer in time, the connection is down, the
+    ///   call is outside a Tokio runtime, or the client was closed by
+    ///   [`LockClient::quit`](crate::LockClient::quit). Brief server errors (a slot being
+    ///   migrated, `TRYAGAIN`) are retried within the command timeout; a failure that outlasts
+    ///   it may be transient (kind `Timeout`), and a later call may succeed.
     pub async fn force_unlock_by<Q>(&self, key: &Q, by: &str) -> Result<bool, LockError>
     where
         K: Borrow<Q>,

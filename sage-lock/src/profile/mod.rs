@@ -27,12 +27,12 @@ use crate::options::{LockOptions, MIN_LEASE};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Profile {
-    /// The lease (at least 30 ms).
+    /// The lease (30 ms to one year).
     pub lease: Option<Duration>,
     /// How long `#[locked]` waits for a busy lock (positive). Without it, the attribute must give
     /// `wait` or `try_lock`.
     pub wait: Option<Duration>,
-    /// The namespace (not empty).
+    /// The namespace (not empty, blank or whitespace-padded).
     pub namespace: Option<String>,
     /// Whether replicated deployments wait for replicas to acknowledge (`WAIT`).
     pub replica_acknowledgement: Option<bool>,
@@ -49,42 +49,46 @@ impl Profile {
         Profile::default()
     }
 
-    /// Sets the lease.
+    /// Sets the lease ([`LockOptions::lease`]; 30 ms to one year, checked by
+    /// [`Profiles::validate`] and when installed).
     #[must_use]
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);
         self
     }
 
-    /// Sets the wait.
+    /// Sets how long `#[locked]` waits for a busy lock (positive).
     #[must_use]
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);
         self
     }
 
-    /// Sets the namespace.
+    /// Sets the namespace ([`LockOptions::namespace`]; not empty, blank or whitespace-padded).
     #[must_use]
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = Some(namespace.into());
         self
     }
 
-    /// Sets replica acknowledgement.
+    /// Sets whether replicated deployments wait for replicas to acknowledge
+    /// ([`LockOptions::replica_acknowledgement`]).
     #[must_use]
     pub fn replica_acknowledgement(mut self, on: bool) -> Self {
         self.replica_acknowledgement = Some(on);
         self
     }
 
-    /// Sets the minimum hold.
+    /// Sets the minimum hold after acquisition ([`LockOptions::hold_at_least`]; at most one
+    /// year).
     #[must_use]
     pub fn hold_at_least(mut self, hold_at_least: Duration) -> Self {
         self.hold_at_least = Some(hold_at_least);
         self
     }
 
-    /// Sets reentrancy.
+    /// Sets whether a nested call runs under the lock its task holds
+    /// ([`LockOptions::reentrant`]).
     #[must_use]
     pub fn reentrant(mut self, on: bool) -> Self {
         self.reentrant = Some(on);
@@ -258,7 +262,8 @@ impl Profiles {
         self.by_name.insert(name.into(), profile)
     }
 
-    /// The profile `name`.
+    /// The profile named `name` in this set (exactly as given to [`Profiles::with`] or
+    /// [`Profiles::insert`]; no environment overrides applied), `None` when there is none.
     #[must_use]
     pub fn get(&self, name: &str) -> Option<&Profile> {
         self.by_name.get(name)
@@ -290,7 +295,8 @@ impl Profiles {
 
     /// The environment variable overriding `setting` (`LEASE`, `WAIT`, `NAMESPACE`,
     /// `REPLICA_ACK`, `HOLD_AT_LEAST` or `REENTRANT`) of the profile `name`:
-    /// `SAGE_LOCK_PROFILE_<NAME>_<SETTING>`, the name upper-cased with `-` and `.` turned into `_`.
+    /// `SAGE_LOCK_PROFILE_<NAME>_<SETTING>`, the name upper-cased with `-` and `.` turned into `_`;
+    /// `setting` is used as given (neither upper-cased nor checked).
     ///
     /// ```
     /// assert_eq!(

@@ -97,7 +97,8 @@ impl<K: ?Sized> Locks<K> {
     /// [`Lease::fencing_token_of`](crate::Lease::fencing_token_of) gives each key's token.
     ///
     /// # Errors
-    /// - [`LockError::InvalidArgument`]: `keys` is empty or `wait_timeout` is zero.
+    /// - [`LockError::InvalidArgument`]: `keys` is empty or `wait_timeout` is zero; otherwise as
+    ///   for [`Locks::with_lock`] (arguments `key`, `from_fred`).
     /// - [`LockError::TimedOut`]: not all acquired within the wait. It names the keys of the
     ///   round trip that was busy (all keys on a standalone or replicated deployment, the busy
     ///   slot's in a cluster): `one of a, b, c` (at most 8 named, then how many more) for
@@ -152,8 +153,15 @@ impl<K: ?Sized> Locks<K> {
     }
 
     /// Runs `body` under the locks on all of `keys` if all are free now: `Ok(None)` when any
-    /// is held by another owner (nothing is kept, the body is not run), `Ok(Some(output))`
-    /// after running the body and releasing. See [`Locks::with_locks`].
+    /// is held by another owner or by this task (the call is nested in its body; nothing is
+    /// kept, the body is not run), `Ok(Some(output))` after running the body and releasing.
+    /// See [`Locks::with_locks`].
+    ///
+    /// # Errors
+    /// - [`LockError::InvalidArgument`]: `keys` is empty; otherwise as for [`Locks::with_lock`].
+    /// - [`LockError::TimedOut`]: transient failures did not clear within about one second
+    ///   ([`TRY_LOCK_RETRY_WINDOW`](crate::TRY_LOCK_RETRY_WINDOW)).
+    /// - [`LockError::LockLost`], [`LockError::Backend`]: as for [`Locks::with_lock`].
     ///
     /// ```no_run
     /// # async fn demo(client: sage_lock::LockClient) -> Result<(), sage_lock::LockError> {

@@ -61,13 +61,15 @@ impl<K: ?Sized> Locks<K> {
         }
     }
 
-    /// The lease duration.
+    /// How long one acquisition or renewal holds the lock on the server (the family's
+    /// [`LockOptions::lease`](crate::LockOptions::lease), 30 s by default).
     #[must_use]
     pub fn lease(&self) -> Duration {
         self.settings.lease
     }
 
-    /// The namespace.
+    /// The namespace the family's keys live in on the server (`lock` by default): families
+    /// with the same namespace and key share the lock.
     #[must_use]
     pub fn namespace(&self) -> &str {
         &self.settings.namespace
@@ -78,19 +80,33 @@ impl<K: ?Sized> Locks<K> {
     ///
     /// Construct the work inside `body`: work started before the call may run unprotected, and
     /// tasks the body spawns without awaiting them may outlive the lock. The body runs at most
-    /// once and is never retried.
+    /// once and is never retried. A body that panics propagates the panic out of this call; the
+    /// lock is then released at once, in the background, as when the call is cancelled (a
+    /// [`hold_at_least`](crate::LockOptions::hold_at_least) minimum hold is kept).
+    ///
+    /// After the body ends, the call waits for the release's reply: when the server stopped
+    /// answering, a successful call returns up to [`RELEASE_TIMEOUT`](crate::RELEASE_TIMEOUT)
+    /// (1 s) after its body ended.
     ///
     /// # Errors
-    /// - [`LockError::InvalidArgument`]: `wait_timeout` is zero.
+    /// - [`LockError::InvalidArgument`]: `wait_timeout` is zero; a key of this lock on the
+    ///   server holds a value of another type (argument `key`); the node of a
+    ///   [`from_fred`](crate::LockClient::from_fred) client cannot hold locks (argument
+    ///   `from_fred`).
     /// - [`LockError::TimedOut`]: not acquired within `wait_timeout` (which covers replies, retry
     ///   delays and replica acknowledgement, not the body). It returns at most about 25 ms past
-    ///   the wait, also when the server stopped answering.
+    ///   the wait, also when the server stopped answering. Nested in the body of the task's own
+    ///   hold of `key` in a family that is not [`reentrant`](crate::LockOptions::reentrant), it
+    ///   returns at once with
+    ///   [`TimeoutReason::HeldByThisTask`](crate::TimeoutReason::HeldByThisTask).
     /// - [`LockError::LockLost`]: the lease was lost; the body future was dropped. It returns
     ///   at the loss (at most about 25 ms later), the release that follows going on in the
     ///   background. A loss nobody noticed before the body ended (no renewal came between) is
     ///   not an error: the release finds it, logs it at `WARN` and counts it in
     ///   [`LockStats::losses`](crate::LockStats::losses).
-    /// - [`LockError::Backend`]: a non-transient server or connection error.
+    /// - [`LockError::Backend`]: a non-transient server or connection error (transient ones are
+    ///   retried within the wait), a call outside a Tokio runtime, or a client closed by
+    ///   [`LockClient::quit`](crate::LockClient::quit).
     ///
     /// Dropping the returned future stops renewal and releases the lock in the background.
     ///
@@ -147,10 +163,16 @@ impl<K: ?Sized> Locks<K> {
     }
 
     /// Runs `body` under the lock on `key` if it is free now: `Ok(None)` when another owner holds
-    /// it (the body is not run), `Ok(Some(output))` after running the body and releasing.
+    /// it, or this task holds it already (the call is nested in its body, and the family is not
+    /// [`reentrant`](crate::LockOptions::reentrant)); the body is not run then.
+    /// `Ok(Some(output))` after running the body and releasing. Panics and the release wait
+    /// are as for [`Locks::with_lock`].
     ///
-    /// Transient failures are retried for up to about one second (bounded by the usable lease),
-    /// then [`LockError::TimedOut`]. Other errors as for [`Locks::with_lock`].
+    /// # Errors
+    /// - [`LockError::TimedOut`]: transient failures did not clear within about one second
+    ///   ([`TRY_LOCK_RETRY_WINDOW`](crate::TRY_LOCK_RETRY_WINDOW), bounded by the usable lease).
+    /// - [`LockError::InvalidArgument`], [`LockError::LockLost`], [`LockError::Backend`]: as for
+    ///   [`Locks::with_lock`] (except a zero `wait_timeout`, which has no meaning here).
     pub fn try_with_lock<Q, F>(
         &self,
         key: &Q,

@@ -36,8 +36,13 @@ impl<K: ?Sized> Locks<K> {
     /// ```
     ///
     /// # Errors
-    /// [`LockError::Backend`] when a server cannot answer (each call is retried within the
-    /// command timeout; a slot being migrated is waited for).
+    /// - [`LockError::InvalidArgument`] (argument `from_fred`): the node of a
+    ///   [`from_fred`](crate::LockClient::from_fred) client cannot hold locks.
+    /// - [`LockError::Backend`]: the server cannot answer in time, the connection is down, the
+    ///   call is outside a Tokio runtime, or the client was closed by
+    ///   [`LockClient::quit`](crate::LockClient::quit). Brief server errors (a slot being
+    ///   migrated, `TRYAGAIN`) are retried within the command timeout; a failure that outlasts
+    ///   it may be transient (kind `Timeout`), and a later call may succeed.
     pub async fn scan(&self) -> Result<Vec<HeldLock>, LockError> {
         let namespace = &self.settings.namespace;
         let context = || format!("could not scan the locks of namespace {namespace}");

@@ -90,13 +90,14 @@ impl<K: ?Sized> RwLocks<K> {
         }
     }
 
-    /// The lease duration of each reader and writer.
+    /// How long each reader's and writer's hold stays valid on the server without renewal (the
+    /// family's [`LockOptions::lease`](crate::LockOptions::lease), 30 s by default).
     #[must_use]
     pub fn lease(&self) -> Duration {
         self.family.settings.lease
     }
 
-    /// The namespace.
+    /// The namespace the family's keys live in on the server (`lock` by default).
     #[must_use]
     pub fn namespace(&self) -> &str {
         &self.family.settings.namespace
@@ -160,6 +161,11 @@ impl<K: ?Sized> RwLocks<K> {
     /// Read-locks `key` if no writer holds or waits for it now: `Ok(None)` otherwise (the body
     /// is not run), `Ok(Some(output))` after running the body and releasing.
     ///
+    /// # Errors
+    /// As for [`Locks::try_with_lock`](crate::Locks::try_with_lock): [`LockError::TimedOut`]
+    /// when transient failures did not clear within about one second; the others as for
+    /// [`Locks::with_lock`](crate::Locks::with_lock).
+    ///
     /// ```no_run
     /// # async fn demo(client: sage_lock::LockClient) -> Result<(), sage_lock::LockError> {
     /// let rw = client.rw_lock::<str>();
@@ -182,6 +188,11 @@ impl<K: ?Sized> RwLocks<K> {
     /// Write-locks `key` if it is free now (no reader, no writer, no waiting writer or reader):
     /// `Ok(None)` otherwise (the body is not run, and nothing is left behind),
     /// `Ok(Some(output))` after running the body and releasing.
+    ///
+    /// # Errors
+    /// As for [`Locks::try_with_lock`](crate::Locks::try_with_lock): [`LockError::TimedOut`]
+    /// when transient failures did not clear within about one second; the others as for
+    /// [`Locks::with_lock`](crate::Locks::with_lock).
     ///
     /// ```no_run
     /// # async fn demo(client: sage_lock::LockClient) -> Result<(), sage_lock::LockError> {

@@ -126,13 +126,14 @@ impl<K: ?Sized> Semaphores<K> {
         self.permits
     }
 
-    /// The lease duration of each permit.
+    /// How long each permit stays valid on the server without renewal (the family's
+    /// [`LockOptions::lease`](crate::LockOptions::lease), 30 s by default).
     #[must_use]
     pub fn lease(&self) -> Duration {
         self.family.settings.lease
     }
 
-    /// The namespace.
+    /// The namespace the family's keys live in on the server (`lock` by default).
     #[must_use]
     pub fn namespace(&self) -> &str {
         &self.family.settings.namespace
@@ -146,8 +147,9 @@ impl<K: ?Sized> Semaphores<K> {
     ///
     /// # Errors
     /// As for [`Locks::with_lock`](crate::Locks::with_lock): `InvalidArgument` (zero
-    /// `wait_timeout`), `TimedOut` (no permit within the wait), `LockLost` (the permit's lease
-    /// was lost; the body was dropped), `Backend`.
+    /// `wait_timeout`, a family of `permits == 0` (argument `permits`), or as there),
+    /// `TimedOut` (no permit within the wait), `LockLost` (the permit's lease was lost; the
+    /// body was dropped), `Backend`.
     ///
     /// ```no_run
     /// # async fn demo(client: sage_lock::LockClient) -> Result<(), sage_lock::LockError> {
@@ -192,6 +194,13 @@ impl<K: ?Sized> Semaphores<K> {
     /// `Ok(Some(output))` after running the body and giving the
     /// permit back. Transient failures are retried as for
     /// [`Locks::try_with_lock`](crate::Locks::try_with_lock).
+    ///
+    /// # Errors
+    /// - [`LockError::InvalidArgument`]: a family of `permits == 0` (argument `permits`), or as
+    ///   for [`Locks::with_lock`](crate::Locks::with_lock).
+    /// - [`LockError::TimedOut`]: transient failures did not clear within about one second.
+    /// - [`LockError::LockLost`], [`LockError::Backend`]: as for
+    ///   [`Locks::with_lock`](crate::Locks::with_lock).
     ///
     /// ```no_run
     /// # async fn demo(client: sage_lock::LockClient) -> Result<(), sage_lock::LockError> {
