@@ -997,3 +997,29 @@ async fn a_lock_migrated_away_survives_a_failover_of_its_first_node() {
         client.quit().await;
     }
 }
+
+/// Connecting while one primary is down (before the cluster fails it over): the error says a
+/// cluster node did not accept the connection and that the client connects to every primary,
+/// rather than blaming the seed address, which is up (audit 36).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_with_a_primary_down_does_not_blame_the_seed() {
+    let kind = ServerKind::Redis;
+    let cluster = Cluster::start(kind);
+    let seed = cluster.nodes[0].port();
+    let down = cluster.nodes[1].port();
+    cluster.nodes[1].kill();
+    let result = LockClient::builder()
+        .url(&format!("redis-cluster://127.0.0.1:{seed}"))
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await;
+    let Err(error) = result else {
+        panic!("connected with primary {down} down");
+    };
+    let message = error.to_string();
+    println!("{kind}: {message}");
+    assert!(
+        message.contains("every primary") && !message.contains("nothing accepts connections there"),
+        "{kind}: {message}"
+    );
+}
