@@ -23,6 +23,14 @@ mod fred_settings;
 use checks::check_limits;
 use fred_settings::{AbortOnDrop, build_fred, first_connection};
 
+/// The hint of a refused connection to a cluster: the client connects to every primary the
+/// cluster lists, so the refusing node need not be one of the URL's addresses.
+const CLUSTER_NODE_REFUSED: &str = "a cluster node refused the connection: the client connects \
+     to every primary the cluster lists (CLUSTER SLOTS), not only to the URL's addresses, so a \
+     primary that is down fails the connect until the cluster fails it over \
+     (cluster-node-timeout); check CLUSTER NODES on a running node for a failed primary, and \
+     that the URL's addresses are the nodes' (host and port)";
+
 /// Default size of the dedicated connection pool; change it with
 /// [`LockClientBuilder::max_connections`] (as [`LockClientBuilder`]'s example does).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16;
@@ -477,7 +485,12 @@ impl LockClientBuilder {
             // The task, ended or still in its handshake, is aborted as this returns (a `quit`
             // would wait for the handshake, bounded only by the command timeout, and log a
             // warning if it ended).
-            let hint = crate::url::connect_failure_hint(&error, database, uses_tls);
+            let mut hint = crate::url::connect_failure_hint(&error, database, uses_tls);
+            if deployment == Deployment::Cluster && hint.starts_with("nothing accepts connections")
+            {
+                // The refusal may come from any primary the cluster lists, not only the seeds.
+                hint = CLUSTER_NODE_REFUSED.to_owned();
+            }
             return Err(LockError::backend(
                 format!("could not connect to {target}: {hint}"),
                 error,
