@@ -144,13 +144,16 @@ fn a_successful_run_is_quiet_on_stderr() {
     }
 }
 
+/// A Redis server that accepts TLS only and asks for a client certificate.
+fn mutual_tls_server() -> harness::Server {
+    harness::Server::launch(harness::ServerConfig::new(harness::ServerKind::Redis).tls_mutual())
+}
+
 /// Against a server that asks for a client certificate (`tls-auth-clients yes`): without one,
 /// the error says which flags give it; with `--tls-cert` and `--tls-key` the tool connects.
 #[test]
 fn a_client_certificate_is_given_with_flags() {
-    let server = harness::Server::launch(
-        harness::ServerConfig::new(harness::ServerKind::Redis).tls_mutual(),
-    );
+    let server = mutual_tls_server();
     let certs = server.tls_certs().expect("certificates");
     let url = server.tls_url();
     let ca = certs.ca.cert.display().to_string();
@@ -344,9 +347,7 @@ fn hints_name_what_the_tool_accepts() {
 /// not answered as if none was given.
 #[test]
 fn tls_hints_name_the_flags() {
-    let server = harness::Server::launch(
-        harness::ServerConfig::new(harness::ServerKind::Redis).tls_mutual(),
-    );
+    let server = mutual_tls_server();
     let certs = server.tls_certs().expect("certificates");
     let url = server.tls_url();
     let ca = certs.ca.cert.display().to_string();

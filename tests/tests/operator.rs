@@ -64,6 +64,24 @@ async fn hold(
     (token, release_tx, task)
 }
 
+/// [`hold`] for each of `keys`: each key with its fencing token, and each hold's release and task.
+async fn hold_all(
+    locks: &Locks<str>,
+    keys: &[String],
+) -> (
+    Vec<(String, u64)>,
+    Vec<(oneshot::Sender<()>, JoinHandle<Result<(), LockError>>)>,
+) {
+    let mut tokens = Vec::new();
+    let mut holders = Vec::new();
+    for key in keys {
+        let (token, release, task) = hold(locks, key).await;
+        tokens.push((key.clone(), token));
+        holders.push((release, task));
+    }
+    (tokens, holders)
+}
+
 /// Joins a [`hold`] task whose lock was force-unlocked: within 3 s (its next renewal) its body
 /// is cancelled with `LockLost(NotOwner)`.
 async fn lost_as_not_owner(name: &str, task: JoinHandle<Result<(), LockError>>) {
@@ -171,13 +189,7 @@ async fn scan_lists_the_held_locks_of_one_namespace() {
         let other = family(&client, &format!("{base}Q"), Duration::from_secs(10));
         let mut keys: Vec<String> = (0..12).map(|i| format!("job:{i}")).collect();
         keys.extend(["a*b", "x{y}z", "per%cent", "q?[x]"].map(String::from));
-        let mut holders = Vec::new();
-        let mut expected = Vec::new();
-        for key in &keys {
-            let (token, release, task) = hold(&locks, key).await;
-            expected.push((key.clone(), token));
-            holders.push((release, task));
-        }
+        let (mut expected, holders) = hold_all(&locks, &keys).await;
         let (_, other_release, other_task) = hold(&other, "job:0").await;
         locks
             .try_with_lock("released", async {})
@@ -363,13 +375,7 @@ async fn scan_lists_every_shard_after_a_slot_moves() {
         let (_, last, moved_slot) = primaries[2];
         let mut keys: Vec<String> = (0..60).map(|i| format!("job:{i}")).collect();
         keys.push(key_in_slot(ns, moved_slot));
-        let mut holders = Vec::new();
-        let mut expected = Vec::new();
-        for key in &keys {
-            let (token, release, task) = hold(&locks, key).await;
-            expected.push((key.clone(), token));
-            holders.push((release, task));
-        }
+        let (mut expected, holders) = hold_all(&locks, &keys).await;
         let (source, target) = (&cluster.nodes[last], &cluster.nodes[first]);
         cluster.mark_slot_migrating(moved_slot, source, target);
         cluster.move_slot_keys(moved_slot, source, target);
