@@ -449,6 +449,42 @@ mod tests {
         );
     }
 
+    /// `std::io::Result` is a return type a `#[locked]` fn can use: the orphan rule keeps users
+    /// from writing this conversion, so sage-lock does, keeping the `LockError` inside.
+    #[test]
+    fn converts_into_an_io_error_of_a_matching_kind() {
+        use std::io::ErrorKind;
+        let cases = [
+            (
+                LockError::TimedOut {
+                    key: "k".into(),
+                    namespace: "n".into(),
+                    waited: Duration::from_secs(2),
+                    reason: TimeoutReason::Busy,
+                },
+                ErrorKind::TimedOut,
+            ),
+            (LockError::invalid("lease", "too short"), ErrorKind::InvalidInput),
+            (
+                LockError::LockLost {
+                    key: "k".into(),
+                    namespace: "n".into(),
+                    held: Duration::from_secs(1),
+                    reason: LossReason::NotOwner,
+                },
+                ErrorKind::Other,
+            ),
+        ];
+        for (error, kind) in cases {
+            let text = error.to_string();
+            let io = std::io::Error::from(error);
+            assert_eq!(io.kind(), kind, "{text}");
+            assert_eq!(io.to_string(), text);
+            let inner = io.into_inner().expect("the LockError is kept");
+            assert!(inner.downcast_ref::<LockError>().is_some(), "{text}");
+        }
+    }
+
     /// A `with_locks` nested in the task's own reentrant hold of one of its keys is refused
     /// too: the text must not send the user to an option already set (an audit).
     #[test]
