@@ -35,16 +35,14 @@ impl Shape {
                 ret_span: output.span(),
             });
         }
-        let mut message = "`#[locked]` can only be applied to an `async fn`: add `async` before \
-                           `fn` (the lock is held across the body's `.await`s)"
-            .to_owned();
-        if runs_an_async_block(func) {
-            message.push_str(
-                "; if an attribute above `#[locked]` (such as `#[tokio::main]` or \
-                 `#[tokio::test]`) made it a plain fn that runs an async block, put `#[locked]` \
-                 above that attribute",
-            );
-        }
+        let message = if runs_an_async_block(func) {
+            "`#[locked]` is on a plain fn that runs an async block: an attribute above it (such \
+             as `#[tokio::main]` or `#[tokio::test]`) already rewrote the `async fn`; put \
+             `#[locked]` above that attribute, so it sees the `async fn` first"
+        } else {
+            "`#[locked]` can only be applied to an `async fn`: add `async` before `fn` (the lock \
+             is held across the body's `.await`s)"
+        };
         Err(syn::Error::new(sig.fn_token.span, message))
     }
 }

@@ -144,6 +144,22 @@ impl LockError {
     }
 }
 
+/// Lets a `#[locked]` function (or any caller using `?`) return `std::io::Result<T>`. The
+/// kind is [`TimedOut`](std::io::ErrorKind::TimedOut) for [`LockError::TimedOut`],
+/// [`InvalidInput`](std::io::ErrorKind::InvalidInput) for [`LockError::InvalidArgument`] and
+/// [`Other`](std::io::ErrorKind::Other) otherwise; the `LockError` stays inside
+/// (`io::Error::into_inner` and `downcast`) and its `Display` is the `io::Error`'s.
+impl From<LockError> for std::io::Error {
+    fn from(error: LockError) -> Self {
+        let kind = match error {
+            LockError::TimedOut { .. } => std::io::ErrorKind::TimedOut,
+            LockError::InvalidArgument { .. } => std::io::ErrorKind::InvalidInput,
+            _ => std::io::ErrorKind::Other,
+        };
+        std::io::Error::new(kind, error)
+    }
+}
+
 /// What kept an acquisition from succeeding before its deadline: the `reason` of
 /// [`LockError::TimedOut`] (matched in [`LockError`]'s example).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -464,7 +480,10 @@ mod tests {
                 },
                 ErrorKind::TimedOut,
             ),
-            (LockError::invalid("lease", "too short"), ErrorKind::InvalidInput),
+            (
+                LockError::invalid("lease", "too short"),
+                ErrorKind::InvalidInput,
+            ),
             (
                 LockError::LockLost {
                     key: "k".into(),

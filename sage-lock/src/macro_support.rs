@@ -72,7 +72,7 @@ impl<T, E> TryLockReturn for Result<Option<T>, E> {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot carry a `sage_lock::LockError`, so it cannot be the error type of a `#[locked]` function",
     label = "the error type of this return type must implement `From<sage_lock::LockError>`",
-    note = "for an error type of your own, add `impl From<sage_lock::LockError> for {Self}` (with thiserror: a `#[from] LockError` variant); for one you do not own (`String`, `std::io::Error`), return an error type of your own or `anyhow::Result<T>`"
+    note = "for an error type of your own, add `impl From<sage_lock::LockError> for {Self}` (with thiserror: a `#[from] LockError` variant); for one you do not own (such as `String`), return an error type of your own, `anyhow::Result<T>`, `std::io::Result<T>` or `Result<T, Box<dyn std::error::Error + Send + Sync>>`"
 )]
 pub trait FromLockError {
     /// Converts the acquisition error.
