@@ -129,6 +129,7 @@
 //! make Redis or Valkey strongly consistent. Where correctness must survive those failures, have
 //! the downstream store check the [`Lease::fencing_token`].
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 // Layers, bottom to top (each module imports only from layers below it):
