@@ -65,15 +65,22 @@ fn no_global_client_is_a_clear_error() {
     run_scenario("without-client", &[]);
 }
 
-/// A malformed `SAGE_LOCK_URL` (a password in it) or an empty one: the error names the
-/// variable and never prints the password.
+/// A malformed `SAGE_LOCK_URL` (a password in it), an empty one or one where no server is: the
+/// error names the variable and the lock of the call that connects, and never prints the
+/// password.
 #[test]
 fn a_bad_sage_lock_url_is_named_without_its_password() {
+    // Nothing listens there once the listener is dropped.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("address").port()
+    };
     for url in [
-        "redis:/user:hunter2@127.0.0.1:6379",
-        "",
-        "redis://127.0.0.1:1?sentinelPassword=hunter2",
+        "redis:/user:hunter2@127.0.0.1:6379".to_owned(),
+        String::new(),
+        "redis://127.0.0.1:1?sentinelPassword=hunter2".to_owned(),
+        format!("redis://user:hunter2@127.0.0.1:{closed}"),
     ] {
-        run_scenario("bad-url", &[(URL_VARIABLE, url.to_owned())]);
+        run_scenario("bad-url", &[(URL_VARIABLE, url)]);
     }
 }

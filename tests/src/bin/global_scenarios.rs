@@ -128,6 +128,12 @@ async fn a_bad_sage_lock_url() {
     let message = error.to_string();
     assert!(message.contains("SAGE_LOCK_URL"), "{message}");
     assert!(!message.contains("hunter2"), "{message}");
+    // The first call needing the client connects it: its error names that call's lock, so a
+    // service log says which function hit it (audit 35).
+    assert!(
+        message.contains(r#"lock "global:1" in namespace "macro-global""#),
+        "{message}"
+    );
     if url.trim().is_empty() {
         assert!(message.contains("empty"), "{message}");
     }
@@ -190,6 +196,7 @@ async fn without_a_global_client() {
             let message = error.to_string();
             assert!(message.contains("SAGE_LOCK_URL"), "{message}");
             assert!(message.contains("install"), "{message}");
+            assert!(message.contains(r#"lock "global:1""#), "{message}");
         }
         other => panic!("expected InvalidArgument through From<LockError>, got {other:?}"),
     }
