@@ -28,7 +28,7 @@ async fn run_primitive<F: Future>(
     wait: Option<Duration>,
     body: F,
 ) -> Result<Option<F::Output>, LockError> {
-    let client = client_or_global(client).await?;
+    let client = client_or_global(client, &[&key[..]], &options).await?;
     match primitive {
         Primitive::Read | Primitive::Write => {
             let rw = client.rw_lock_with::<[u8]>(options)?;
@@ -114,11 +114,11 @@ where
 {
     let body = Box::pin(body);
     async move {
-        let locks = match family(client, options).await {
+        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let locks = match family(client, &keys, options).await {
             Ok(locks) => locks,
             Err(error) => return (shape.on_error)(error),
         };
-        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
         match locks.with_locks(&keys, wait, body).await {
             Ok(output) => output,
             Err(error) => (shape.on_error)(error),
@@ -140,11 +140,11 @@ where
 {
     let body = Box::pin(body);
     async move {
-        let locks = match family(client, options).await {
+        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let locks = match family(client, &keys, options).await {
             Ok(locks) => locks,
             Err(error) => return (shape.on_error)(error),
         };
-        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
         match locks.try_with_locks(&keys, body).await {
             Ok(Some(output)) => (shape.finished)(output),
             Ok(None) => (shape.busy)(),

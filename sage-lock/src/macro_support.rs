@@ -295,20 +295,52 @@ where
     }
 }
 
-/// The client a macro call uses: `client`, else the global one (connecting it on first use).
-pub(crate) async fn client_or_global(client: Option<LockClient>) -> Result<LockClient, LockError> {
+/// The client a macro call on `keys` uses: `client`, else the global one (connecting it on first
+/// use; its error names the call's lock).
+pub(crate) async fn client_or_global(
+    client: Option<LockClient>,
+    keys: &[&[u8]],
+    options: &LockOptions,
+) -> Result<LockClient, LockError> {
     match client.or_else(crate::global::installed) {
         Some(client) => Ok(client),
         // Connecting is a large future, boxed so that every `#[locked]` future stays small.
-        None => Box::pin(crate::global::client()).await,
+        None => Box::pin(crate::global::client())
+            .await
+            .map_err(|error| naming_the_call(error, keys, options)),
+    }
+}
+
+/// `error` of getting the global client, with the lock of the `#[locked]` call it came from
+/// (the first call connects the client, so that is where a service's log shows it).
+fn naming_the_call(error: LockError, keys: &[&[u8]], options: &LockOptions) -> LockError {
+    let keys: Vec<String> = keys
+        .iter()
+        .map(|key| crate::error::quoted(&crate::key::printable(key)))
+        .collect();
+    let call = format!(
+        " (for the #[locked] call on {} {} in namespace {:?})",
+        if keys.len() == 1 { "lock" } else { "locks" },
+        keys.join(", "),
+        options.namespace_in_effect()
+    );
+    match error {
+        LockError::InvalidArgument { argument, message } => {
+            LockError::invalid(argument, message + &call)
+        }
+        LockError::Backend { context, source } => LockError::backend(context + &call, source),
+        other => other,
     }
 }
 
 pub(crate) async fn family(
     client: Option<LockClient>,
+    keys: &[&[u8]],
     options: LockOptions,
 ) -> Result<crate::Locks<[u8]>, LockError> {
-    client_or_global(client).await?.lock_with::<[u8]>(options)
+    client_or_global(client, keys, &options)
+        .await?
+        .lock_with::<[u8]>(options)
 }
 
 /// Default mode: wait up to `wait` for the lock on `key` (the global client unless `client` is
@@ -328,7 +360,7 @@ where
 {
     let body = Box::pin(body);
     async move {
-        let locks = match family(client, options).await {
+        let locks = match family(client, &[&key[..]], options).await {
             Ok(locks) => locks,
             Err(error) => return (shape.on_error)(error),
         };
@@ -353,7 +385,7 @@ where
 {
     let body = Box::pin(body);
     async move {
-        let locks = match family(client, options).await {
+        let locks = match family(client, &[&key[..]], options).await {
             Ok(locks) => locks,
             Err(error) => return (shape.on_error)(error),
         };

@@ -129,6 +129,16 @@ impl LockOptions {
         self
     }
 
+    /// The namespace these options lock in, without fixing the service-wide defaults (as
+    /// [`resolve`](Self::resolve) does): for error texts before a family exists.
+    pub(crate) fn namespace_in_effect(&self) -> String {
+        match (&self.namespace, DEFAULTS.get()) {
+            (Some(namespace), _) => namespace.clone(),
+            (None, Some(defaults)) => defaults.namespace.clone(),
+            (None, None) => ServiceDefaults::default().namespace,
+        }
+    }
+
     pub(crate) fn resolve(self) -> LockSettings {
         let defaults = defaults_in_use();
         let namespace: Arc<str> = self
