@@ -205,8 +205,33 @@ mod tests {
             lines[3].starts_with("     ") && lines[3].len() == lines[1].len(),
             "{text}"
         );
+        // The values' line says whose values they are: a reader of a long list must not take
+        // them for a row whose key is blank.
+        assert!(lines[3].starts_with("(key above)"), "{text}");
         // A key of exactly the cap stays in its row.
         let text = table(&[("z".repeat(KEY_COLUMN).into_bytes(), 1, None, None)]);
         assert_eq!(text.lines().count(), 2, "{text}");
+    }
+
+    /// Double-width characters (CJK) take two columns each: the columns after the key line up
+    /// with the header's, as a terminal shows them.
+    #[test]
+    fn wide_characters_keep_the_columns_aligned() {
+        let text = table(&[
+            ("账户:42".as_bytes().to_vec(), 7, None, None),
+            (b"account:42".to_vec(), 8, None, None),
+        ]);
+        let lines: Vec<&str> = text.lines().collect();
+        // The terminal column just past `token` (CJK counted as two columns).
+        let column_after = |line: &str, token: char| {
+            let before = &line[..line.find(token).map_or(0, |at| at + 1)];
+            before
+                .chars()
+                .map(|c| if c.is_ascii() { 1 } else { 2 })
+                .sum::<usize>()
+        };
+        let header_end = lines[0].find("TOKEN").map(|at| at + "TOKEN".len());
+        assert_eq!(Some(column_after(lines[1], '7')), header_end, "{text}");
+        assert_eq!(Some(column_after(lines[2], '8')), header_end, "{text}");
     }
 }
