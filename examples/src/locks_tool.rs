@@ -5,9 +5,11 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use anyhow::bail;
+use unicode_width::UnicodeWidthStr as _;
 
-/// The widest the key column gets, in characters. A longer key is printed whole on a line of
-/// its own, its row's values on the next line under the columns.
+/// The widest the key column gets, in terminal columns (a CJK character takes two). A longer
+/// key is printed whole on a line of its own, its row's values on the next line under the
+/// columns, marked `(key above)`.
 pub const KEY_COLUMN: usize = 60;
 
 /// The escapes [`key_text`] writes and [`parse_key`] reads, for the usage text.
@@ -94,16 +96,18 @@ pub fn duration(value: Option<Duration>) -> String {
 pub type Row = (Vec<u8>, u64, Option<Duration>, Option<Duration>);
 
 /// The table `list` and `show` print: a header and a row per lock, keys as [`key_text`] prints
-/// them. The key column is as wide as the widest key up to [`KEY_COLUMN`]; a longer key is
-/// printed whole on a line of its own, and its values on the next line, under the columns.
+/// them. The key column is as wide as the widest key up to [`KEY_COLUMN`] terminal columns; a
+/// longer key is printed whole on a line of its own, and its values on the next line, under
+/// the columns, with `(key above)` in the key column.
 #[must_use]
 pub fn table(rows: &[Row]) -> String {
+    const ABOVE: &str = "(key above)";
     let keys: Vec<String> = rows.iter().map(|(key, ..)| key_text(key)).collect();
+    let fits = |key: &String| key.width() <= KEY_COLUMN;
     let width = keys
         .iter()
-        .map(|key| key.chars().count())
-        .filter(|&len| len <= KEY_COLUMN)
-        .chain([3])
+        .map(|key| if fits(key) { key.width() } else { ABOVE.len() })
+        .chain(["KEY".len()])
         .max()
         .unwrap_or(3);
     let mut out = format!(
@@ -111,15 +115,17 @@ pub fn table(rows: &[Row]) -> String {
         "KEY", "FENCING TOKEN", "REMAINING", "HELD FOR"
     );
     for (key, (_, token, remaining, held_for)) in keys.iter().zip(rows) {
-        let key = if key.chars().count() > width {
-            let _ = writeln!(out, "{key}");
-            ""
-        } else {
+        let key = if fits(key) {
             key.as_str()
+        } else {
+            let _ = writeln!(out, "{key}");
+            ABOVE
         };
+        // `{:<width$}` pads by characters; pad by terminal columns instead.
+        let padding = " ".repeat(width - key.width());
         let _ = writeln!(
             out,
-            "{key:<width$}  {token:>13}  {:>9}  {:>9}",
+            "{key}{padding}  {token:>13}  {:>9}  {:>9}",
             duration(*remaining),
             duration(*held_for)
         );
@@ -201,10 +207,7 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 4, "{text}");
         assert_eq!(lines[2], long, "{text}");
-        assert!(
-            lines[3].starts_with("     ") && lines[3].len() == lines[1].len(),
-            "{text}"
-        );
+        assert_eq!(lines[3].len(), lines[1].len(), "{text}");
         // The values' line says whose values they are: a reader of a long list must not take
         // them for a row whose key is blank.
         assert!(lines[3].starts_with("(key above)"), "{text}");
