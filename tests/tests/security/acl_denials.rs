@@ -132,7 +132,22 @@ async fn acl_missing_renewal_command_is_a_named_renewal_loss() {
             ) && text.contains("grant +get"),
             "{kind}: {text}"
         );
+        // Each hold counts once: the loss, not also a release by the best-effort release that
+        // follows it; and the denied renewal is a failed renewal attempt (audit 41: 1
+        // acquisition, 1 loss, 1 release, 0 renewal failures).
         client.quit().await;
+        let stats = client.stats();
+        assert_eq!(
+            (
+                stats.acquisitions,
+                stats.losses,
+                stats.releases,
+                stats.release_failures
+            ),
+            (1, 1, 0, 0),
+            "{kind}: {stats:?}"
+        );
+        assert!(stats.renewal_failures >= 1, "{kind}: {stats:?}");
     }
 }
 
@@ -417,6 +432,19 @@ async fn acl_denied_release_is_logged_with_the_grant() {
             "{kind}: the lock key should live on until its lease ends: {pttl}"
         );
         client.quit().await;
+        // The hold counts once, as a failed release (audit 41: counted nowhere, so
+        // acquisitions exceeded releases + losses).
+        let stats = client.stats();
+        assert_eq!(
+            (
+                stats.acquisitions,
+                stats.releases,
+                stats.release_failures,
+                stats.losses
+            ),
+            (1, 0, 1, 0),
+            "{kind}: {stats:?}"
+        );
     }
     let logs = captured.text();
     assert_eq!(
