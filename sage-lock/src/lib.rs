@@ -98,6 +98,7 @@
 //! | `sage_lock_renewal_failures_total` | counter | renewal attempts that failed (may recover) |
 //! | `sage_lock_losses_total` | counter | held locks lost |
 //! | `sage_lock_releases_total` | counter | holds removed by their owner |
+//! | `sage_lock_release_failures_total` | counter | holds whose release failed or went unanswered (the key expires with its lease) |
 //! | `sage_lock_fence_regressions_total` | counter | exclusive grants' fencing tokens lower than one this client saw before for the key |
 //! | `sage_lock_wait_seconds` | histogram | time from call to acquisition |
 //! | `sage_lock_hold_seconds` | histogram | time from acquisition to the body's end or loss |

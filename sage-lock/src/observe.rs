@@ -14,6 +14,7 @@
 //! | `sage_lock_renewal_failures_total` | counter | renewal attempts that failed (may recover) |
 //! | `sage_lock_losses_total` | counter | held locks lost (`LockLost`, or found lost by the release) |
 //! | `sage_lock_releases_total` | counter | holds removed by their owner (see [`LockStats::releases`]) |
+//! | `sage_lock_release_failures_total` | counter | holds whose release failed or went unanswered (logged at `WARN`; the key expires with its lease) |
 //! | `sage_lock_fence_regressions_total` | counter | exclusive grants' fencing tokens lower than one this client saw before for the key (the counter was evicted or flushed) |
 //! | `sage_lock_wait_seconds` | histogram | time from call to acquisition (waits that timed out are not sampled) |
 //! | `sage_lock_hold_seconds` | histogram | time from acquisition to the body's end or loss (one sample per hold whose body ran) |
@@ -82,10 +83,16 @@ pub struct LockStats {
     pub losses: u64,
     /// Holds removed by this client: released after the body (or its cancellation, or by a
     /// release attempt whose answer never came). Once nothing is held or under way,
-    /// `acquisitions == releases + losses`: removing a grant the call gave up (cancelled while
-    /// it waited, unanswered within its wait, not acknowledged by the replicas), which was
-    /// never counted as an acquisition, is not counted here either.
+    /// `acquisitions == releases + release_failures + losses`: each hold counts once.
+    /// Removing a grant the call gave up (cancelled while it waited, unanswered within its
+    /// wait, not acknowledged by the replicas), which was never counted as an acquisition, is
+    /// not counted here either; nor is the best-effort release that follows a loss.
     pub releases: u64,
+    /// Holds whose release failed (a permission error, say) or got no answer within its bound,
+    /// or was not sent because [`LockClient::quit`](crate::LockClient::quit) closed the client
+    /// first: logged at `WARN` (except after `quit`); the key stays until its lease ends,
+    /// unless a copy of the release ran unseen.
+    pub release_failures: u64,
     /// Total time spent waiting for successful acquisitions, in microseconds (a wait that
     /// timed out is not counted).
     pub wait_micros: u64,
@@ -106,6 +113,7 @@ pub(crate) struct Stats {
     renewal_failures: AtomicU64,
     losses: AtomicU64,
     releases: AtomicU64,
+    release_failures: AtomicU64,
     wait_micros: AtomicU64,
     fence_regressions: AtomicU64,
 }
@@ -120,6 +128,7 @@ pub(crate) enum Event {
     RenewalFailure,
     Loss,
     Release,
+    ReleaseFailure,
     FenceRegression,
 }
 
@@ -136,6 +145,7 @@ pub(crate) struct Metrics {
     renewal_failures: Counter,
     losses: Counter,
     releases: Counter,
+    release_failures: Counter,
     fence_regressions: Counter,
     wait: Histogram,
     hold: Histogram,
@@ -162,6 +172,7 @@ impl Metrics {
             renewal_failures: metrics::counter!("sage_lock_renewal_failures_total", "namespace" => label()),
             losses: metrics::counter!("sage_lock_losses_total", "namespace" => label()),
             releases: metrics::counter!("sage_lock_releases_total", "namespace" => label()),
+            release_failures: metrics::counter!("sage_lock_release_failures_total", "namespace" => label()),
             fence_regressions: metrics::counter!("sage_lock_fence_regressions_total", "namespace" => label()),
             wait: metrics::histogram!("sage_lock_wait_seconds", "namespace" => label()),
             hold: metrics::histogram!("sage_lock_hold_seconds", "namespace" => label()),
@@ -184,6 +195,7 @@ impl Stats {
             Event::RenewalFailure => (&self.renewal_failures, &metrics.renewal_failures),
             Event::Loss => (&self.losses, &metrics.losses),
             Event::Release => (&self.releases, &metrics.releases),
+            Event::ReleaseFailure => (&self.release_failures, &metrics.release_failures),
             Event::FenceRegression => (&self.fence_regressions, &metrics.fence_regressions),
         };
         counter.fetch_add(1, Ordering::Relaxed);
@@ -216,6 +228,7 @@ impl Stats {
             renewal_failures: read(&self.renewal_failures),
             losses: read(&self.losses),
             releases: read(&self.releases),
+            release_failures: read(&self.release_failures),
             wait_micros: read(&self.wait_micros),
             fence_regressions: read(&self.fence_regressions),
         }

@@ -141,6 +141,8 @@ pub(crate) struct Held {
     pub(crate) body_started: bool,
     /// A release of this hold was sent (it may have run even if its call was dropped).
     pub(crate) release_sent: bool,
+    /// The hold was counted as lost: its release counts nothing more.
+    pub(crate) loss_counted: bool,
     /// The body panicked while it was polled (its hold is then dropped, not released after it).
     pub(crate) body_panicked: AtomicBool,
 }
@@ -197,6 +199,7 @@ impl Held {
             // Never granted (fencing tokens start at 1): the acquisition was cut short.
             undo: self.lease.fencing_token() == 0,
             sent_before: self.release_sent,
+            after_loss: self.loss_counted,
         }
     }
 
@@ -251,6 +254,7 @@ impl Held {
         self.stop_renewal();
         let conn = &self.engine.conn;
         conn.stats.record(&self.metrics, Event::Loss);
+        self.loss_counted = true;
         if conn.deployment.is_replicated() {
             // Likely a failover: idle dedicated connections may point at the old primary.
             conn.forget_topology();

@@ -92,6 +92,8 @@ pub(super) struct Release {
     pub(super) undo: bool,
     /// An earlier release of this hold may have run: the key found gone tells nothing.
     pub(super) sent_before: bool,
+    /// The hold was counted as lost already: its best-effort release counts nothing more.
+    pub(super) after_loss: bool,
 }
 
 impl Release {
@@ -107,7 +109,6 @@ impl Release {
             keys,
             namespace,
             token,
-            metrics,
             handoff_lease,
             keep_for,
             granted_by,
@@ -142,9 +143,7 @@ impl Release {
                 Some(true) => {
                     // Nobody queued on the server; a local task may wait without queueing.
                     engine.waiters.wake_one(&keys.lock);
-                    if !unanswered {
-                        engine.conn.stats.record(metrics, Event::Release);
-                    }
+                    self.count(Event::Release);
                     return Released::Removed;
                 }
                 Some(false) => {}
@@ -216,18 +215,18 @@ impl Release {
                 if let Some(keep_for) = keep_for {
                     tracing::debug!(?keep_for, "lock kept for its minimum hold");
                 }
-                engine.conn.stats.record(metrics, Event::Release);
+                self.count(Event::Release);
             }
             Ok(false) if !retried => return Released::NotOurs,
             Ok(false) => {
                 // Most likely removed by this release's (or the hold's) earlier attempt: a
                 // hold's release counts, an undoing found nothing to undo.
                 tracing::debug!("release found the lock no longer ours");
-                if !unanswered {
-                    engine.conn.stats.record(metrics, Event::Release);
-                }
+                self.count(Event::Release);
             }
             Err(error) => {
+                // The hold ended, but its key stays until its lease ends.
+                self.count(Event::ReleaseFailure);
                 if engine.conn.is_closed() {
                     // `quit()` came first: it closed the connections the release needed, and its
                     // holds expire with their leases, as its documentation says.
@@ -274,6 +273,14 @@ impl Release {
             }
         }
         Released::Removed
+    }
+
+    /// Counts how this hold's release ended, unless the hold was counted already (lost) or
+    /// this is no hold's release (the undoing of an attempt its call gave up).
+    fn count(&self, event: Event) {
+        if !self.undo && !self.after_loss {
+            self.engine.conn.stats.record(&self.metrics, event);
+        }
     }
 
     /// The body ran to its end (or its call was cancelled, or it panicked), but the key no

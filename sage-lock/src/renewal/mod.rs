@@ -357,7 +357,14 @@ impl Shared {
                 tracing::trace!(key = %lease.key(), namespace = %lease.namespace(), "lease renewed");
                 None
             }
-            Outcome::Lost(reason) => Some(reason),
+            Outcome::Lost(reason) => {
+                // An attempt that failed (a denied or failing script), not one that found the
+                // key taken: a failed renewal as well as the loss.
+                if matches!(reason, LossReason::RenewalFailed(_)) {
+                    client.stats.record(&metrics, Event::RenewalFailure);
+                }
+                Some(reason)
+            }
             Outcome::Elsewhere(problem) => {
                 entry.by_slot = true;
                 entry.last_problem = Some(problem);

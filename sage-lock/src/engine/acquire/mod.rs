@@ -102,6 +102,7 @@ pub(crate) async fn acquire(
         body_started: false,
         body_panicked: std::sync::atomic::AtomicBool::new(false),
         release_sent: false,
+        loss_counted: false,
         part_fences: Vec::new(),
     };
     // Registered on the first "busy" reply: woken when this process releases the key.
