@@ -60,8 +60,8 @@ pub(crate) fn check(args: &Args, errors: &mut Errors) {
             errors.at(
                 span,
                 "`reentrant` works with one key: `key = [..]` always takes all of its keys, so a \
-                 nested call for keys the task already holds waits for them (and times out); \
-                 remove `reentrant` or give a single `key = \"...\"`",
+                 nested call for keys the task already holds fails at once (`TimedOut` with \
+                 `HeldByThisTask`); remove `reentrant` or give a single `key = \"...\"`",
             );
         }
     }

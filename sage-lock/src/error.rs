@@ -101,7 +101,8 @@ pub enum LockError {
     ///   permission or script error, a call outside a Tokio runtime (kind `Config`), or a
     ///   client closed by [`LockClient::quit`](crate::LockClient::quit) (kind `Canceled`).
     /// - The operator tools (`is_locked`, `holder`, `force_unlock`, `force_unlock_by`, `scan`)
-    ///   and [`LockClient::dedicated_connection`](crate::LockClient::dedicated_connection) do
+    ///   retry brief failures (a migrating slot, a reconnect) only within the command timeout,
+    ///   and [`LockClient::dedicated_connection`](crate::LockClient::dedicated_connection) does
     ///   not retry: their `Backend` may be transient (kind `Timeout`, a lost connection, an
     ///   exhausted pool), and a later call may succeed.
     /// - [`LockClient::connect`](crate::LockClient::connect): an unreachable or silent server
@@ -222,8 +223,8 @@ impl fmt::Display for TimeoutReason {
                         " (no replica acknowledged, and at least one must: is the primary's \
                          replica down? A deployment without replicas, such as a cluster made \
                          without them or a single server, needs \
-                         LockOptions::replica_acknowledgement(false), or no replicated(true) on \
-                         its URL)",
+                         LockOptions::replica_acknowledgement(false), or a client built \
+                         without LockClientBuilder::replicated(true))",
                     )?;
                 }
                 Ok(())

@@ -112,7 +112,11 @@ fn flag(value: &str) -> Result<bool, String> {
     match value.to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "on" => Ok(true),
         "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err("expected `true` or `false`".to_owned()),
+        _ => Err(
+            "expected `true` or `false` (also accepted, in any case: `1`/`0`, `yes`/`no`, \
+                  `on`/`off`)"
+                .to_owned(),
+        ),
     }
 }
 
