@@ -278,10 +278,12 @@ fn plural(n: usize) -> String {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // fred's own warnings repeat what the tool reports (a lone Sentinel, commands cancelled by
+    // `quit`); sage-lock's warnings stay.
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fred=error")),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
