@@ -303,6 +303,11 @@ async fn acquire_loop(
                 granted_by: None,
             }));
         }
+        // Woken by the deadline: an attempt now would be cut before its answer (and, on a
+        // replicated deployment, cost its dedicated connection), so the wait ends here.
+        if attempts > 0 && remaining(deadline).is_zero() {
+            return Err(timed_out(&found, client));
+        }
         attempts += 1;
         // Until an answer says otherwise, this attempt may have been granted.
         held.armed = true;
