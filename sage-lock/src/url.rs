@@ -58,7 +58,8 @@ pub(crate) fn parse_url(url: &str) -> Result<Config, LockError> {
             format!(
                 "{}{hint} has no supported scheme; expected redis://host:port[/db] (or valkey://, \
                  rediss:// for TLS), redis-sentinel://host:port?sentinelServiceName=NAME or \
-                 redis-cluster://host:port?node=host2:port2",
+                 redis-cluster://host:port?node=host2:port2 (with TLS: rediss-sentinel://, \
+                 rediss-cluster://)",
                 redact(url)
             ),
         ));

@@ -63,8 +63,9 @@ impl LockClient {
     ///   one and the server is a replica, a cluster node or a Sentinel (found after asking it).
     /// - [`LockError::Backend`]: the server cannot be reached within
     ///   [`DEFAULT_CONNECT_TIMEOUT`], or accepts the connection but does not answer within the
-    ///   command timeout (5 s, the shorter bound); wrong credentials; a database the server
-    ///   does not have; a call outside a Tokio runtime.
+    ///   command timeout (5 s, the shorter bound; a `rediss://` URL at a plaintext port waits
+    ///   for its TLS handshake, so the connect timeout); wrong credentials; a database the
+    ///   server does not have; a call outside a Tokio runtime.
     pub async fn connect(url: &str) -> Result<LockClient, LockError> {
         LockClient::builder().url(url).connect().await
     }
