@@ -542,6 +542,14 @@ async fn acl_sentinels_refusing_the_credentials_are_named() {
             error.contains("Sentinel") && error.contains("credentials"),
             "{kind}: {error}"
         );
+        // fred keeps each Sentinel's own error to itself: the client asks the first one alone,
+        // so the error says what it answered (audit 41: the same generic text for a wrong
+        // password, a disabled user, a wrong CA, an expired certificate or no client
+        // certificate).
+        assert!(
+            error.contains("WRONGPASS") && error.contains("asked alone"),
+            "{kind}: {error}"
+        );
     }
 }
 
