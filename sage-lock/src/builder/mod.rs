@@ -19,6 +19,7 @@ use crate::url::{describe, parse_url, redact};
 
 mod checks;
 mod fred_settings;
+mod sentinel_probe;
 
 use checks::check_limits;
 use fred_settings::{AbortOnDrop, build_fred, first_connection};
@@ -459,6 +460,7 @@ impl LockClientBuilder {
             .map_err(|e| LockError::backend(format!("could not connect to {target}"), e))?;
         let uses_tls = config.tls.is_some();
         let database = config.database;
+        let first_sentinel = sentinel_probe::first_sentinel(&config);
         let fred = build_fred(
             config,
             fred::types::config::ConnectionConfig::default(),
@@ -491,6 +493,14 @@ impl LockClientBuilder {
             {
                 // The refusal may come from any primary the cluster lists, not only the seeds.
                 hint = CLUSTER_NODE_REFUSED.to_owned();
+            }
+            if let Some(alone) = first_sentinel
+                && error
+                    .details()
+                    .contains("Failed to connect to all sentinel nodes")
+                && let Some(said) = sentinel_probe::what_the_first_sentinel_said(alone).await
+            {
+                hint = format!("{hint}; {said}");
             }
             return Err(LockError::backend(
                 format!("could not connect to {target}: {hint}"),

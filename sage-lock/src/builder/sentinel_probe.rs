@@ -1,0 +1,60 @@
+//! What a Sentinel answered: fred tries each Sentinel and, when none accepts the connection,
+//! keeps none of their errors ("Failed to connect to all sentinel nodes"). Asking the first one
+//! alone, with the same credentials and TLS settings, recovers its own answer for the error.
+
+use std::time::Duration;
+
+use fred::interfaces::ClientLike;
+use fred::types::config::{Config, ReconnectPolicy, ServerConfig};
+
+use super::fred_settings::{AbortOnDrop, build_fred, first_connection};
+
+/// How long the first Sentinel gets to answer alone.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// `config` (a Sentinel configuration) with its first Sentinel as a plain server, or `None`
+/// for any other configuration.
+pub(super) fn first_sentinel(config: &Config) -> Option<Config> {
+    let ServerConfig::Sentinel { hosts, .. } = &config.server else {
+        return None;
+    };
+    let first = hosts.first()?.clone();
+    let mut alone = config.clone();
+    alone.server = ServerConfig::Centralized { server: first };
+    // A Sentinel has no databases: `SELECT` would be its answer instead.
+    alone.database = None;
+    Some(alone)
+}
+
+/// Connects to the Sentinel `alone` names (see [`first_sentinel`]) and says what it answered
+/// when it refused, as `asked alone, the Sentinel at H:P answered: HINT: ERROR`; `None` when it
+/// accepted the connection (the cause lies elsewhere) or the probe could not run.
+pub(super) async fn what_the_first_sentinel_said(alone: Config) -> Option<String> {
+    let ServerConfig::Centralized { server } = &alone.server else {
+        return None;
+    };
+    let address = format!("{}:{}", server.host, server.port);
+    let tls = alone.tls.is_some();
+    let fred = build_fred(
+        alone,
+        fred::types::config::ConnectionConfig::default(),
+        fred::types::config::PerformanceConfig::default(),
+        PROBE_TIMEOUT,
+        PROBE_TIMEOUT,
+        &ReconnectPolicy::default(),
+    )
+    .ok()?;
+    let mut task = AbortOnDrop(None);
+    let handle = task.0.insert(fred.connect());
+    let outcome = tokio::time::timeout(PROBE_TIMEOUT, first_connection(&fred, handle)).await;
+    let error = match outcome {
+        Ok(Err(error)) => error,
+        // Accepted, or silent: nothing more to say than the Sentinels' own error.
+        Ok(Ok(())) | Err(_) => return None,
+    };
+    let hint = crate::acl::denial_hint(&error, None)
+        .unwrap_or_else(|| crate::tls::connect_hint(&error, tls).to_owned());
+    Some(format!(
+        "asked alone, the Sentinel at {address} answered: {hint}: {error}"
+    ))
+}
