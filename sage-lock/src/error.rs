@@ -170,7 +170,9 @@ pub enum TimeoutReason {
     /// (a queued writer keeps new readers out; a free permit goes to the first waiters).
     Busy,
     /// The lock was granted but the primary's replicas did not acknowledge it in time; it was
-    /// released again.
+    /// released again. Also when no dedicated connection came free while this client's `WAIT`s
+    /// were coming back unacknowledged (within the command timeout): they held the connections,
+    /// and the counts are the last such `WAIT`'s.
     NotAcknowledged {
         /// Replicas that acknowledged.
         acknowledged: i64,
@@ -180,7 +182,8 @@ pub enum TimeoutReason {
     /// Every attempt hit a transient failure (connection loss, failover, cluster reconfiguration);
     /// the last one is quoted.
     Unavailable(String),
-    /// No dedicated connection became free in time (see `max_connections`).
+    /// No dedicated connection became free in time (see `max_connections`), and the
+    /// replicas were acknowledging (else [`NotAcknowledged`](Self::NotAcknowledged)).
     PoolExhausted {
         /// The pool's size.
         max_connections: usize,

@@ -134,9 +134,58 @@ impl NodeHint {
 /// Kept per node (not per slot), so a replica leaving costs one short `WAIT` per primary, not
 /// per slot.
 #[derive(Debug, Default)]
-pub(crate) struct ReplicaHints(Mutex<HashMap<Option<Server>, NodeHint>>);
+pub(crate) struct ReplicaHints(
+    Mutex<HashMap<Option<Server>, NodeHint>>,
+    /// The `WAIT`s that came back short since the last acknowledged one (see [`ShortWaits`]).
+    Mutex<Option<ShortWaits>>,
+);
+
+/// `WAIT`s that came back short in a row: how many, when the last did, and its
+/// (acknowledged, required).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ShortWaits {
+    in_a_row: u32,
+    last_at: Instant,
+    acknowledged: i64,
+    required: i64,
+}
+
+/// Short `WAIT`s in a row that say the replicas are not acknowledging (a replica down, a
+/// failover), not one slow acknowledgement on an overloaded machine.
+const SHORT_IN_A_ROW: u32 = 2;
 
 impl ReplicaHints {
+    /// Records a `WAIT` that too few replicas acknowledged.
+    pub(crate) fn came_back_short(&self, acknowledged: i64, required: i64) {
+        if let Ok(mut last) = self.1.lock() {
+            let in_a_row = last.map_or(0, |short| short.in_a_row) + 1;
+            *last = Some(ShortWaits {
+                in_a_row,
+                last_at: Instant::now(),
+                acknowledged,
+                required,
+            });
+        }
+    }
+
+    /// Records a `WAIT` that enough replicas acknowledged.
+    pub(crate) fn came_back_acknowledged(&self) {
+        if let Ok(mut last) = self.1.lock()
+            && last.is_some()
+        {
+            *last = None;
+        }
+    }
+
+    /// The last `WAIT`'s (acknowledged, required) when the `WAIT`s have been coming back short
+    /// ([`SHORT_IN_A_ROW`] or more in a row, the last within `within`): the replicas are not
+    /// acknowledging now, and `WAIT`s hold their connections until they end.
+    pub(crate) fn short_within(&self, within: Duration) -> Option<(i64, i64)> {
+        let last = (*self.1.lock().ok()?)?;
+        (last.in_a_row >= SHORT_IN_A_ROW && last.last_at.elapsed() <= within)
+            .then_some((last.acknowledged, last.required))
+    }
+
     /// The replica count to send with `WAIT` before this round's `ROLE` is known (at least 1).
     pub(crate) fn guess(&self, node: &Option<Server>) -> i64 {
         self.guess_at(node, Instant::now())

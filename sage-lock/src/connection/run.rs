@@ -156,7 +156,19 @@ impl Connection {
                 let loan = in_flight.settle();
                 let node = serving_node(&conn, call.slot);
                 let judged = judge(checked, &conn, node, granted_by);
+                if let Ok((
+                    _,
+                    Ack::Short {
+                        acknowledged,
+                        required,
+                    },
+                    _,
+                )) = &judged
+                {
+                    self.hints.came_back_short(*acknowledged, *required);
+                }
                 if matches!(judged, Ok((_, Ack::Confirmed, _))) {
+                    self.hints.came_back_acknowledged();
                     self.pool.record_call(sent.elapsed());
                     if let Some(loan) = loan {
                         self.pool.put_back(loan);

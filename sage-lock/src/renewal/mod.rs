@@ -131,14 +131,24 @@ const NO_RENEWAL: &str = "no renewal completed in time";
 /// is (a refused connection), or that a renewal still waits for a dedicated connection, so the
 /// cause is not hidden.
 pub(crate) fn unrenewed(conn: &Connection) -> LossReason {
-    LossReason::RenewalFailed(match conn.why_down() {
-        Some(why) => format!("{NO_RENEWAL}; {why}"),
-        None if conn.pool.renewal_waiting() => format!(
-            "{NO_RENEWAL}: a renewal was still waiting for a dedicated connection (all {} busy: \
-             raise max_connections, or keep fewer busy with dedicated_connection)",
-            conn.pool.max_connections()
+    if let Some(why) = conn.why_down() {
+        return LossReason::RenewalFailed(format!("{NO_RENEWAL}; {why}"));
+    }
+    if !conn.pool.renewal_waiting() {
+        return LossReason::RenewalFailed(NO_RENEWAL.into());
+    }
+    let max = conn.pool.max_connections();
+    LossReason::RenewalFailed(match conn.hints.short_within(conn.command_timeout) {
+        // More connections would only wait too.
+        Some((acknowledged, required)) => format!(
+            "{NO_RENEWAL}: a renewal was still waiting for a dedicated connection, all {max} \
+             held by WAITs the replicas leave unacknowledged (the last: {acknowledged} of \
+             {required}): is a replica down, or a failover under way?"
         ),
-        None => NO_RENEWAL.into(),
+        None => format!(
+            "{NO_RENEWAL}: a renewal was still waiting for a dedicated connection (all {max} \
+             busy: raise max_connections, or keep fewer busy with dedicated_connection)"
+        ),
     })
 }
 

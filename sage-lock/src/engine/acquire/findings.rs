@@ -47,6 +47,11 @@ impl Findings {
         };
     }
 
+    /// The last grant's (acknowledged, required), when too few replicas acknowledged it.
+    pub(super) fn short_ack(&self) -> Option<(i64, i64)> {
+        self.short
+    }
+
     /// Why the wait ran out, from what the attempts found.
     pub(super) fn timeout_reason(&self) -> TimeoutReason {
         if let Some((acknowledged, required)) = self.short {

@@ -478,8 +478,19 @@ async fn acquire_loop(
                 found.transient(error.to_string());
             }
             Err(OpError::PoolExhausted) => {
-                return Err(Stop::TimedOut(TimeoutReason::PoolExhausted {
-                    max_connections: client.pool.max_connections(),
+                // Connections held by `WAIT`s the replicas leave unacknowledged (a replica down,
+                // a failover): that is the cause, and more connections would only wait too.
+                let short = found
+                    .short_ack()
+                    .or_else(|| client.hints.short_within(client.command_timeout));
+                return Err(Stop::TimedOut(match short {
+                    Some((acknowledged, required)) => TimeoutReason::NotAcknowledged {
+                        acknowledged,
+                        required,
+                    },
+                    None => TimeoutReason::PoolExhausted {
+                        max_connections: client.pool.max_connections(),
+                    },
                 }));
             }
         }
