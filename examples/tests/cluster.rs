@@ -123,6 +123,9 @@ fn demo_on_a_cluster_without_replicas_says_why_nothing_ran() {
         "the demo does not say why nothing ran:\n{shown}"
     );
     assert!(!shown.contains("CROSSSLOT"), "{shown}");
+    // Nothing ran, so there is nothing to call correct, and the exit status says so.
+    assert!(!shown.contains("CORRECT"), "{shown}");
+    assert_eq!(demo.status.code(), Some(2), "{shown}");
     let left = keys_on(&[node.port()]);
     assert!(left.is_empty(), "the demo left {left:?}\n{shown}");
 }
