@@ -8,6 +8,7 @@
 // Doctests (the README's snippets too) warn about nothing but unused items.
 #![doc(test(attr(deny(warnings), allow(unused))))]
 
+pub mod cleanup;
 pub mod cli;
 pub mod existing_url;
 pub mod floor;

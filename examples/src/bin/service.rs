@@ -25,10 +25,11 @@
 //! the total balance is what it was funded with, that no balance went negative and that the
 //! journal's sequence number matches its length; it exits non-zero when an invariant is violated.
 //!
-//! Uses `SAGE_LOCK_URL` when set, else starts a throwaway `redis-server` (`--valkey`:
-//! `valkey-server`). On a server of the user's it leaves nothing: its data keys carry the run's
-//! id, its profiles' namespaces get `-<run>` appended (unlike a real service's), and it removes
-//! both when it ends. `RUST_LOG=service=debug` logs every transfer with its fencing tokens.
+//! Uses `SAGE_LOCK_URL` when set (a cluster too), else starts a throwaway `redis-server`
+//! (`--valkey`: `valkey-server`). On a server of the user's it leaves nothing: its data keys
+//! carry the run's id (`bank:{<run>}:*`, one hash slot, so that a transfer's `MSET` works on a
+//! cluster), its profiles' namespaces get `-<run>` appended (unlike a real service's), and it
+//! removes both when it ends, one key at a time. `RUST_LOG=service=debug` logs every transfer with its fencing tokens.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -43,6 +44,7 @@ use fred::interfaces::{KeysInterface as _, ListInterface as _};
 use rand::Rng as _;
 use sage_lock::global;
 use sage_lock::{LockClient, LockError, LockStats, Profiles, current_lease, locked};
+use sage_lock_examples::cleanup::{delete_keys, lock_keys};
 use sage_lock_examples::{ThrowawayServer, Usage, flag_value};
 
 /// The profiles file used without `--profiles`.
@@ -162,8 +164,10 @@ struct Bank {
 }
 
 impl Bank {
+    /// `bank:{<run>}:balance:<account>`: the hash tag `{<run>}` keeps all of a run's balances in
+    /// one cluster hash slot, so a transfer's `MSET` of two balances works on a cluster too.
     fn balance_key(&self, account: u64) -> String {
-        format!("bank:{}:balance:{account}", self.run)
+        format!("bank:{{{}}}:balance:{account}", self.run)
     }
 
     async fn balance(&self, account: u64) -> Result<i64, AppError> {
@@ -267,8 +271,8 @@ struct Journal {
 impl Journal {
     fn keys(&self) -> (String, String) {
         (
-            format!("bank:{}:journal:seq", self.run),
-            format!("bank:{}:journal:entries", self.run),
+            format!("bank:{{{}}}:journal:seq", self.run),
+            format!("bank:{{{}}}:journal:entries", self.run),
         )
     }
 
@@ -429,7 +433,7 @@ fn per_run(
 
 /// Removes this run's keys from the server: its data (balances, journal) and what its locks
 /// leave behind (fencing counters, grant times, the queues of waiters cut off), in this run's
-/// own namespaces.
+/// own namespaces. One `DEL` per key: in a cluster they lie in several hash slots.
 async fn remove_data(
     client: &LockClient,
     bank: &Bank,
@@ -446,14 +450,10 @@ async fn remove_data(
         .chain([("journal", format!("journal:{}", journal.run))]);
     for (profile, key) in locks {
         if let Some(namespace) = bank.namespaces.get(profile) {
-            let lock = LockClient::server_key(namespace, key.as_str());
-            for suffix in ["", ":fence", ":since", ":queue", ":waiters"] {
-                keys.push([lock.as_slice(), suffix.as_bytes()].concat());
-            }
+            keys.extend(lock_keys(namespace, &key));
         }
     }
-    let keys: Vec<fred::bytes::Bytes> = keys.into_iter().map(Into::into).collect();
-    let _: i64 = client.fred().del(keys).await?;
+    delete_keys(client.fred(), keys).await?;
     Ok(())
 }
 
@@ -554,7 +554,7 @@ async fn run() -> anyhow::Result<ExitCode> {
                 Ok(()) => eprintln!("interrupted: transfers stopped, the run's data removed"),
                 Err(error) => eprintln!(
                     "interrupted: transfers stopped; could not remove the run's data \
-                     (keys bank:{}:*): {}",
+                     (keys bank:{{{}}}:*): {}",
                     bank.run,
                     sage_lock_examples::report(&error)
                 ),

@@ -4,7 +4,8 @@
 //! cargo run -p sage-lock-examples --release --bin bench [-- --quick] [--json PATH] [--valkey] [--keep-awake] [--only SUITES]
 //! ```
 //!
-//! Starts its own throwaway server (or uses `SAGE_LOCK_URL`) and measures, reporting ratios:
+//! Starts its own throwaway server (or uses `SAGE_LOCK_URL`; not with `--valkey` or `--both`,
+//! which name the servers to measure and start throwaway ones) and measures, reporting ratios:
 //!
 //! - the server's limits: `PING` round trip (1 task, sequential) and `SET` throughput (64 tasks on
 //!   one shared fred client);
@@ -29,7 +30,8 @@
 //! `--keep-awake` runs lowest-priority busy loops during the latency suites to avoid that.
 //!
 //! Nothing is asserted: it is a report. The table goes to stdout, the details to a JSON file
-//! (default `<workspace>/target/bench.json`).
+//! (default `<workspace>/target/bench.json`). On `SAGE_LOCK_URL`'s server it removes its keys
+//! when it ends (see [`BENCH_KEYS`]).
 
 mod contention;
 mod latency;
@@ -47,7 +49,9 @@ use fred::interfaces::ClientLike as _;
 use fred::types::InfoKind;
 use rslock::LockManager;
 use sage_lock::{LockClient, LockOptions};
-use sage_lock_examples::{ThrowawayServer, Usage, flag_value, has_flag, workspace_root};
+use sage_lock_examples::{
+    ServerKind, ThrowawayServer, URL_VARIABLE, Usage, flag_value, has_flag, workspace_root,
+};
 use serde_json::json;
 
 use crate::contention::{contention_suite, multi_process_suite};
@@ -69,6 +73,20 @@ const LEASE: Duration = Duration::from_secs(10);
 
 /// Tasks of the primitives scenario.
 const PRIMITIVE_TASKS: usize = 8;
+
+/// Every key the benchmark writes, as `SCAN` patterns: its locks' (namespaces `bench`,
+/// `bench-primitives`, `bench-renew`, `bench-mp`: each key's fencing counter and grant marker
+/// stay), the floors' and `SET`'s (`{bench:floor:N}...`, `bench:*`) and rslock's. Removed at the
+/// end from a server of the user's (`SAGE_LOCK_URL`).
+const BENCH_KEYS: [&str; 7] = [
+    "{bench:*",
+    "{bench-primitives:*",
+    "{bench-renew:*",
+    "{bench-mp:*",
+    "bench:*",
+    "rslock:*",
+    "rslock-mp:*",
+];
 
 /// Commands sage-lock's scripts run inside the server (`INFO commandstats` counts them too).
 /// Every command sage-lock sends is a script (`EVALSHA`, `EVAL` after `NOSCRIPT`), except the
@@ -176,8 +194,15 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// `--both`: the whole benchmark on Redis, then on Valkey, in one invocation (JSON files
-/// `bench-redis.json` and `bench-valkey.json` next to the `--json` path).
+/// `bench-redis.json` and `bench-valkey.json` next to the `--json` path), each on a throwaway
+/// server of its own: `SAGE_LOCK_URL` is ignored (its server is of one kind only).
 fn both_servers() -> anyhow::Result<()> {
+    if url_is_set() {
+        eprintln!(
+            "--both: measuring a throwaway redis-server, then a throwaway valkey-server; \
+             {URL_VARIABLE} is ignored (unset --both to measure its server)"
+        );
+    }
     let exe = std::env::current_exe()?;
     let json_dir = flag_value::<PathBuf>("--json")?
         .and_then(|p| p.parent().map(Path::to_path_buf))
@@ -201,6 +226,7 @@ fn both_servers() -> anyhow::Result<()> {
             .arg("--json")
             .arg(json_dir.join(format!("bench-{kind}.json")))
             .env_remove("SAGE_LOCK_SERVER")
+            .env_remove(URL_VARIABLE)
             .status()?;
         anyhow::ensure!(status.success(), "the {kind} run failed");
     }
@@ -208,8 +234,6 @@ fn both_servers() -> anyhow::Result<()> {
 }
 
 async fn run() -> anyhow::Result<()> {
-    let quick = has_flag("--quick");
-    let keep_awake = has_flag("--keep-awake");
     // `--only a,b`: run only these suites (latency, throughput, primitives, contention,
     // multi-process, renewal), e.g. to profile one of them.
     let only: Option<String> = flag_value::<String>("--only")?;
@@ -219,14 +243,90 @@ async fn run() -> anyhow::Result<()> {
     {
         anyhow::bail!("--only: unknown suite `{unknown}`\n{}", USAGE.text);
     }
-    let wants = |suite: &str| {
-        only.as_deref()
-            .is_none_or(|only| only.split(',').any(|s| s == suite))
-    };
-    let plan = Plan::new(quick);
     let json_path: PathBuf = flag_value::<PathBuf>("--json")?
         .unwrap_or_else(|| workspace_root().join("target").join("bench.json"));
-    let server = ThrowawayServer::start()?;
+    let server = bench_server()?;
+    let mut interrupted = false;
+    let measured = tokio::select! {
+        measured = measure(&server, only.as_deref(), &json_path) => measured,
+        // Ctrl-C on the user's server (a throwaway one stops, and this process exits, by
+        // itself): stop measuring (worker processes are killed with their handles), clean up.
+        () = server.interrupted() => {
+            interrupted = true;
+            Ok(())
+        }
+    };
+    if !server.is_private() {
+        // The user's server: take the benchmark's keys off it, whether or not it finished.
+        if let Err(error) = remove_keys(server.url()).await {
+            eprintln!(
+                "could not remove the benchmark's keys ({}) from the server: {}",
+                BENCH_KEYS.join(" "),
+                sage_lock_examples::report(&error)
+            );
+        }
+    }
+    if interrupted {
+        eprintln!("interrupted");
+        // As a shell expects of an interrupted program (nothing is left to drop: the server
+        // is the user's, the measuring clients and worker processes are gone).
+        std::process::exit(130);
+    }
+    measured
+}
+
+fn url_is_set() -> bool {
+    std::env::var_os(URL_VARIABLE).is_some_and(|url| !url.is_empty())
+}
+
+/// The server to measure: with `--valkey` a throwaway `valkey-server` (the flag names the
+/// server, so `SAGE_LOCK_URL` is ignored, saying so), else `SAGE_LOCK_URL`'s server, else a
+/// throwaway `redis-server`.
+fn bench_server() -> anyhow::Result<ThrowawayServer> {
+    if has_flag("--valkey") {
+        if url_is_set() {
+            eprintln!(
+                "--valkey: measuring a throwaway valkey-server; {URL_VARIABLE} is ignored (unset \
+                 --valkey to measure its server)"
+            );
+        }
+        return ThrowawayServer::start_kind(ServerKind::Valkey);
+    }
+    ThrowawayServer::start()
+}
+
+/// Deletes every key the benchmark wrote ([`BENCH_KEYS`]) from the server at `url`.
+async fn remove_keys(url: &str) -> anyhow::Result<()> {
+    let client = LockClient::connect(url).await?;
+    let mut removed = 0;
+    let mut result = Ok(());
+    for pattern in BENCH_KEYS {
+        match sage_lock_examples::cleanup::delete_matching(client.fred(), pattern).await {
+            Ok(count) => removed += count,
+            Err(error) => {
+                result = Err(error.into());
+                break;
+            }
+        }
+    }
+    client.quit().await;
+    if result.is_ok() {
+        eprintln!("removed the benchmark's {removed} keys from the server");
+    }
+    result
+}
+
+/// Every suite `only` allows (all when `None`), against `server`; the report to stdout and
+/// `json_path`.
+async fn measure(
+    server: &ThrowawayServer,
+    only: Option<&str>,
+    json_path: &Path,
+) -> anyhow::Result<()> {
+    let quick = has_flag("--quick");
+    let keep_awake = has_flag("--keep-awake");
+    let wants = |suite: &str| only.is_none_or(|only| only.split(',').any(|s| s == suite));
+    let plan = Plan::new(quick);
     let client = LockClient::connect(server.url()).await?;
     let fred = client.fred().clone();
     let server_info: String = fred.info(Some(InfoKind::Server)).await?;
@@ -316,7 +416,7 @@ async fn run() -> anyhow::Result<()> {
     let total = started.elapsed();
     print_table(&report);
     eprintln!("\nfinished in {:.1} s", total.as_secs_f64());
-    write_json(&report, &json_path, total)?;
+    write_json(&report, json_path, total)?;
     eprintln!("wrote {}", json_path.display());
     Ok(())
 }

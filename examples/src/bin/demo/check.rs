@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use fred::interfaces::KeysInterface as _;
 use sage_lock::LockClient;
 use sage_lock_examples::ThrowawayServer;
+use sage_lock_examples::cleanup::{delete_keys, lock_keys};
 
 use crate::{Settings, WorkerView, data_keys, key_name};
 
@@ -21,7 +22,8 @@ pub(crate) struct Check {
 /// Removes the run's data keys (counters, owner markers, fences) from the server, and the keys
 /// its locks leave behind (each key's fencing counter, `:since` marker, and the queue of
 /// waiters an interrupted run cut off): the run's namespaces are its own, so nothing of it is
-/// left on a server the user pointed the demo at.
+/// left on a server the user pointed the demo at. One `DEL` per key: in a cluster the keys lie
+/// in several hash slots, which one `DEL` cannot span (`CROSSSLOT`).
 pub(crate) async fn remove_data(
     client: &LockClient,
     run: &str,
@@ -31,19 +33,16 @@ pub(crate) async fn remove_data(
     if settings.break_exclusivity {
         namespaces.extend((0..=settings.workers).map(|id| format!("demo-{run}-worker-{id}")));
     }
+    let mut keys: Vec<Vec<u8>> = Vec::new();
     for index in 0..settings.keys {
         let key = key_name(index);
         let (counter_key, owner_key, fence_key) = data_keys(run, &key);
-        let mut keys: Vec<fred::bytes::Bytes> =
-            vec![counter_key.into(), owner_key.into(), fence_key.into()];
+        keys.extend([counter_key, owner_key, fence_key].map(String::into_bytes));
         for namespace in &namespaces {
-            let lock = LockClient::server_key(namespace, key.as_str());
-            for suffix in ["", ":fence", ":since", ":queue", ":waiters"] {
-                keys.push([lock.as_slice(), suffix.as_bytes()].concat().into());
-            }
+            keys.extend(lock_keys(namespace, &key));
         }
-        let _: i64 = client.fred().del(keys).await?;
     }
+    delete_keys(client.fred(), keys).await?;
     Ok(())
 }
 

@@ -256,6 +256,16 @@ async fn parent() -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(1));
     }
+    if failures.is_empty() && views.iter().all(|v| v.ops == 0) {
+        eprintln!(
+            "\nno critical section ran: every acquisition timed out (the workers' errors above \
+             say why). On a cluster, or a primary with replicas, a lock waits by default for a \
+             replica to acknowledge it, so a primary without one grants nothing: give each \
+             primary a replica (a service on such a deployment turns acknowledgement off: \
+             LockOptions::replica_acknowledgement(false), or in its service defaults)."
+        );
+        return Ok(ExitCode::from(2));
+    }
     if !failures.is_empty() || views.iter().any(|v| v.done.is_none()) {
         eprintln!("\nsome workers failed: {}", failures.join("; "));
         return Ok(ExitCode::from(2));

@@ -10,7 +10,7 @@ use fred::interfaces::KeysInterface as _;
 use fred::types::{Expiration, SetOptions, Value};
 use rand::Rng as _;
 use sage_lock::global::{self, ServiceDefaults};
-use sage_lock::{LockClient, LockError, current_lease, locked};
+use sage_lock::{LockClient, LockError, TimeoutReason, current_lease, locked};
 use sage_lock_examples::{flag_value, has_flag};
 use serde_json::json;
 
@@ -185,6 +185,7 @@ pub(super) async fn run() -> anyhow::Result<()> {
     let mut fence_regressions = 0_u64;
     let mut long_bodies = 0_u64;
     let mut errors = 0_u64;
+    let mut told_timeout = false;
     let mut increments: BTreeMap<String, u64> = BTreeMap::new();
     let mut waits_us: Vec<u64> = Vec::new();
     let mut last_report = Instant::now();
@@ -228,7 +229,18 @@ pub(super) async fn run() -> anyhow::Result<()> {
                 errors += 1;
                 eprintln!("worker {id}: body failed on {key}: {error:#}");
             }
-            Err(SectionError::Lock(LockError::TimedOut { .. })) => {}
+            Err(SectionError::Lock(LockError::TimedOut {
+                reason: TimeoutReason::Busy,
+                ..
+            })) => {}
+            Err(SectionError::Lock(error @ LockError::TimedOut { .. })) => {
+                // Not another holder's doing (e.g. no replica acknowledged the grant, as on a
+                // cluster without replicas): say why, once, rather than only show no progress.
+                if !told_timeout {
+                    told_timeout = true;
+                    eprintln!("worker {id}: {error}");
+                }
+            }
             Err(SectionError::Lock(error @ LockError::LockLost { .. })) => {
                 eprintln!("worker {id}: {error}");
             }
