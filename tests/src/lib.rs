@@ -31,7 +31,7 @@ pub use resp::{
     info_field, parse_info_field, read_reply,
 };
 pub use server::{
-    POLL, SETUP_HINT, START_TIMEOUT, Server, ServerConfig, ServerKind, workspace_root,
+    Frozen, POLL, SETUP_HINT, START_TIMEOUT, Server, ServerConfig, ServerKind, workspace_root,
 };
 pub use topology::{
     CLUSTER_NODE_TIMEOUT_MS, Cluster, ClusterNodeInfo, Replicated, SENTINEL_DOWN_AFTER_MS,

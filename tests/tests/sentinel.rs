@@ -232,3 +232,163 @@ async fn releases_reach_the_new_primary_while_the_old_one_is_frozen() {
         client.quit().await;
     }
 }
+
+/// Every kind of lock call once, each with a 3 s wait: `Ok` with how long the slowest took, or
+/// the first failure.
+async fn lock_calls(client: &LockClient, round: &str) -> Result<Duration, String> {
+    let wait = Duration::from_secs(3);
+    let options = || LockOptions::new().namespace("frozen-sentinel");
+    let locks: Locks<str> = client.lock_with(options()).map_err(|e| e.to_string())?;
+    let rw: sage_lock::RwLocks<str> = client.rw_lock_with(options()).map_err(|e| e.to_string())?;
+    let slots: sage_lock::Semaphores<str> = client
+        .semaphore_with(2, options())
+        .map_err(|e| e.to_string())?;
+    let (a, b) = (format!("{round}:a"), format!("{round}:b"));
+    let mut slowest = Duration::ZERO;
+    for call in ["with_lock", "write", "acquire", "with_locks"] {
+        let started = Instant::now();
+        let result = match call {
+            "with_lock" => locks.with_lock(a.as_str(), wait, async {}).await,
+            "write" => rw.write(a.as_str(), wait, async {}).await,
+            "acquire" => slots.acquire(a.as_str(), wait, async {}).await,
+            _ => {
+                locks
+                    .with_locks(&[a.as_str(), b.as_str()], wait, async {})
+                    .await
+            }
+        };
+        let took = started.elapsed();
+        if let Err(error) = result {
+            return Err(format!("{call} failed after {took:?}: {error}"));
+        }
+        slowest = slowest.max(took);
+    }
+    Ok(slowest)
+}
+
+/// Calls [`lock_calls`] until they all succeed, for at most `limit`: how long that took.
+async fn recovery(client: &LockClient, round: &str, limit: Duration) -> Result<Duration, String> {
+    let started = Instant::now();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match lock_calls(client, &format!("{round}{attempt}")).await {
+            Ok(_) => return Ok(started.elapsed()),
+            Err(error) if started.elapsed() >= limit => {
+                return Err(format!(
+                    "still failing after {:?} ({attempt} attempts): {error}",
+                    started.elapsed()
+                ));
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// The Sentinel that fred asks first (the URL's first `node=`) frozen (`SIGSTOP`: it accepts
+/// connections and never answers), the two others and the primary healthy: a new client
+/// connects at once, and it, a client connected before the freeze but not used yet ("cold")
+/// and one already used ("warm") succeed in every kind of lock call; after a `SENTINEL FAILOVER`
+/// (through another Sentinel) they all take locks on the new primary again within a few
+/// seconds. Before (audit 41), the new client's connect failed after the command timeout (fred
+/// asks the Sentinels in order and, when the first accepts the connection but does not answer,
+/// tries no other), and every replica-acknowledged call of the cold client timed out: each new
+/// dedicated connection asked the frozen Sentinel first and was cut at the call's deadline. After
+/// a failover, the warm client, whose idle connections were then closed, failed the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_sentinel_does_not_stop_lock_calls() {
+    for kind in ServerKind::ALL {
+        let setup = SentinelSetup::start(kind);
+        let old_primary = setup.current_primary_port();
+        let warm = LockClient::connect(&setup.url()).await.expect("connect");
+        lock_calls(&warm, "warm")
+            .await
+            .unwrap_or_else(|e| panic!("{kind}: before the freeze: {e}"));
+        let cold = LockClient::connect(&setup.url()).await.expect("connect");
+        // fred asks the URL's `node=` Sentinels first, in order, and its host last.
+        let first = fred::types::config::Config::from_url(&setup.url())
+            .expect("url")
+            .server
+            .hosts()
+            .first()
+            .map(|host| host.port)
+            .expect("a Sentinel");
+        let (asked_first, others): (Vec<_>, Vec<_>) =
+            setup.sentinels.iter().partition(|s| s.port() == first);
+        let frozen = asked_first.first().expect("the first Sentinel").frozen();
+
+        let mut failures = Vec::new();
+        let started = Instant::now();
+        let fresh =
+            tokio::time::timeout(Duration::from_secs(20), LockClient::connect(&setup.url())).await;
+        let connect_took = started.elapsed();
+        println!("{kind}: connect with the first Sentinel frozen: {connect_took:?}");
+        let fresh = match fresh {
+            Ok(Ok(client)) => Some(client),
+            Ok(Err(e)) => {
+                failures.push(format!("connect failed after {connect_took:?}: {e}"));
+                None
+            }
+            Err(_) => {
+                failures.push(format!("connect hung for {connect_took:?}"));
+                None
+            }
+        };
+        if connect_took >= Duration::from_secs(3) {
+            failures.push(format!("connect took {connect_took:?}"));
+        }
+        let mut clients = vec![("cold", &cold), ("warm", &warm)];
+        if let Some(fresh) = &fresh {
+            clients.insert(0, ("new", fresh));
+        }
+        for &(name, client) in &clients {
+            for round in 0..3 {
+                match lock_calls(client, &format!("{name}{round}")).await {
+                    Ok(took) => {
+                        println!("{kind}: {name} client, round {round}: slowest call {took:?}");
+                        if took >= Duration::from_secs(2) {
+                            failures.push(format!("{name} client: a lock call took {took:?}"));
+                        }
+                    }
+                    Err(e) => {
+                        println!("{kind}: {name} client, round {round}: {e}");
+                        failures.push(format!("{name} client, round {round}: {e}"));
+                        break;
+                    }
+                }
+            }
+        }
+
+        others[0].cmd_ok(&["SENTINEL", "FAILOVER", harness::SENTINEL_SERVICE]);
+        let new_primary = setup
+            .wait_for_failover(old_primary, Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("{kind}: failover: {e}"));
+        for &(name, client) in &clients {
+            match recovery(client, &format!("after-{name}"), Duration::from_secs(20)).await {
+                Ok(took) => {
+                    println!(
+                        "{kind}: {name} client: lock calls succeed {took:?} after the failover"
+                    );
+                    if took >= Duration::from_secs(8) {
+                        failures.push(format!("{name} client: {took:?} after the failover"));
+                    }
+                }
+                Err(e) => {
+                    println!("{kind}: {name} client after the failover: {e}");
+                    failures.push(format!("{name} client after the failover: {e}"));
+                }
+            }
+        }
+        assert!(
+            harness::commandstats_calls(new_primary, "evalsha")
+                + harness::commandstats_calls(new_primary, "eval")
+                > 0,
+            "{kind}: nothing ran on the new primary"
+        );
+        drop(frozen);
+        assert!(failures.is_empty(), "{kind}: {failures:#?}");
+        for client in clients.into_iter().map(|(_, client)| client) {
+            client.quit().await;
+        }
+    }
+}

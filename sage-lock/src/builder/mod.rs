@@ -460,6 +460,11 @@ impl LockClientBuilder {
             .map_err(|e| LockError::backend(format!("could not connect to {target}"), e))?;
         let uses_tls = config.tls.is_some();
         let database = config.database;
+        let connect_deadline = tokio::time::Instant::now() + self.connect_timeout;
+        // Through Sentinel, fred starts with the Sentinel that answered first (see there).
+        let probe = self.connect_timeout.min(self.command_timeout) / 2;
+        crate::sentinel::answering_sentinel_first(&mut config, tokio::time::Instant::now() + probe)
+            .await;
         let first_sentinel = sentinel_probe::first_sentinel(&config);
         let fred = build_fred(
             config,
@@ -475,7 +480,7 @@ impl LockClientBuilder {
         let mut task = AbortOnDrop(None);
         let handle = task.0.insert(fred.connect());
         let connected =
-            tokio::time::timeout(self.connect_timeout, first_connection(&fred, handle)).await;
+            tokio::time::timeout_at(connect_deadline, first_connection(&fred, handle)).await;
         let failure = match connected {
             Ok(Ok(())) => None,
             Ok(Err(error)) => Some(error),

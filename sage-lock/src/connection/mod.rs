@@ -299,7 +299,10 @@ impl Connection {
     /// the shared connection does not answer within [`SHARED_RELEASE_WAIT`] (a frozen old
     /// primary, which Sentinel has replaced: the shared connection moves only on `READONLY` or a
     /// `ROLE` mismatch, so it would hold every release for its whole bound there, and the key on
-    /// the new primary until its lease ended). With the reply, whether the call ran, or may
+    /// the new primary until its lease ended), and at once while the shared connection is down
+    /// (fred, reconnecting through Sentinel, asks a frozen Sentinel for the whole command
+    /// timeout, and without credentials never gets past it: the releases failed, and left their
+    /// keys until their leases ended). With the reply, whether the call ran, or may
     /// have run, once before it (on a node that was not `granted_by`, no longer the primary, or
     /// that did not answer): a compare-and-delete sent again then finds its own earlier work.
     pub(crate) async fn run_on_primary(
@@ -316,6 +319,15 @@ impl Connection {
         }
         // Releases measure nothing from when they were sent.
         let mut sent = std::time::Instant::now();
+        if self.is_down() {
+            // Reconnecting, through Sentinel maybe for long (fred asks the Sentinels in order, a
+            // frozen one for the whole command timeout): the current primary is reached on a
+            // dedicated connection (see `PrimaryRoute`), not waited for here.
+            return self
+                .run(call, true, deadline, None, None, &mut sent)
+                .await
+                .map(|(value, _, _)| (value, false));
+        }
         let shared_deadline = deadline.min(Instant::now() + SHARED_RELEASE_WAIT);
         let ran_before = match self
             .run(call, false, shared_deadline, granted_by, None, &mut sent)
@@ -328,15 +340,17 @@ impl Connection {
                 self.reconnect_shared();
                 false
             }
-            // Unanswered in its share of the bound on a connection that is up (a frozen node;
-            // one that is down reconnects on its own): it may still run there.
+            // Unanswered in its share of the bound (a frozen node, or a connection that went
+            // down meanwhile and holds it until it reconnects): it may still run there.
             Err(OpError::Failed(error))
                 if *error.kind() == fred::error::ErrorKind::Timeout
-                    && !self.is_down()
                     && Instant::now() < deadline =>
             {
-                tracing::debug!(%error, "the shared connection did not answer a release in time; reconnecting it");
-                self.reconnect_shared();
+                if !self.is_down() {
+                    // One that is down reconnects on its own.
+                    tracing::debug!(%error, "the shared connection did not answer a release in time; reconnecting it");
+                    self.reconnect_shared();
+                }
                 true
             }
             Err(other) => return Err(other),

@@ -81,6 +81,10 @@ impl Drop for Loan {
 /// running) never reaches lock operations, which connect afresh as the URL's user, in the URL's
 /// database.
 ///
+/// Through Sentinel it is a connection to the address the primary had when it was opened (not
+/// resolved through the Sentinels again when it reconnects): after a failover, drop it and take
+/// a new one, which reaches the new primary.
+///
 /// Borrowed with [`LockClient::dedicated_connection`](crate::LockClient::dedicated_connection)
 /// (see its example).
 #[derive(Debug)]

@@ -17,6 +17,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::retry::{DEADLINE_REACHED, remaining};
+use crate::sentinel::PrimaryRoute;
 
 mod loan;
 
@@ -57,6 +58,25 @@ fn connect_timeout(waited: Duration) -> fred::error::Error {
     )
 }
 
+/// Whether the node `conn` reaches answers `ROLE` as anything but a primary before `deadline`
+/// (no answer, or an error, counts as no: the lock pipeline checks `ROLE` again).
+async fn is_replica(conn: &Client, deadline: Instant) -> bool {
+    let role = tokio::time::timeout(
+        remaining(deadline).max(Duration::from_millis(1)),
+        conn.custom::<Value, Value>(
+            CustomCommand::new_static("ROLE", ClusterHash::FirstKey, false),
+            Vec::<Value>::new(),
+        ),
+    )
+    .await;
+    let Ok(Ok(Value::Array(role))) = role else {
+        return false;
+    };
+    role.first()
+        .and_then(Value::as_str)
+        .is_some_and(|role| role != "master")
+}
+
 /// Counts one waiting caller in its counter for as long as it lives (cancelled too).
 struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
 
@@ -77,6 +97,8 @@ impl Drop for Waiting<'_> {
 #[derive(Debug)]
 pub(crate) struct DedicatedPool {
     template: Client,
+    /// Through Sentinel: where new connections go (straight to the primary).
+    route: Option<PrimaryRoute>,
     permits: Arc<Semaphore>,
     /// Taken (in arrival order) by [`Lane::InTurn`] callers before they wait on `permits`, so
     /// at most one of them is ever queued there ahead of a [`Lane::Ahead`] caller.
@@ -104,6 +126,7 @@ impl DedicatedPool {
     pub(crate) fn new(template: Client, max_connections: usize) -> Self {
         let max_connections = max_connections.min(Semaphore::MAX_PERMITS);
         DedicatedPool {
+            route: PrimaryRoute::for_client(&template),
             template,
             permits: Arc::new(Semaphore::new(max_connections)),
             turnstile: tokio::sync::Mutex::new(()),
@@ -233,37 +256,57 @@ impl DedicatedPool {
                 unanswered => unanswered,
             });
         }
-        let conn = self.template.clone_new();
-        // Owned by the loan from the start: dropped (cancelled or failed), it closes the
-        // connection and aborts its task, which would otherwise reconnect forever.
-        let mut loan = Loan {
-            link: Some(Link::new(Some(conn.connect()))),
-            conn,
-            _permit: Some(permit),
-            generation,
-            unanswered: None,
-        };
-        let connect_time = remaining(deadline);
-        let connected = tokio::select! {
-            connected = tokio::time::timeout(connect_time, loan.conn.wait_for_connect()) => {
-                connected
+        let (mut permit, mut checked) = (Some(permit), false);
+        let mut loan = loop {
+            let (conn, direct) = self.new_client(deadline).await;
+            // Owned by the loan from the start: dropped (cancelled or failed), it closes the
+            // connection and aborts its task, which would otherwise reconnect forever.
+            let mut loan = Loan {
+                link: Some(Link::new(Some(conn.connect()))),
+                conn,
+                _permit: permit.take(),
+                generation,
+                unanswered: None,
+            };
+            let connect_time = remaining(deadline);
+            let connected = tokio::select! {
+                connected = tokio::time::timeout(connect_time, loan.conn.wait_for_connect()) => {
+                    connected
+                }
+                // Dropped, the loan closes the connection.
+                () = self.closed() => return Err(PoolError::Closed),
+            };
+            let failure = match connected {
+                Ok(Ok(())) => None,
+                Ok(Err(error)) => Some(error),
+                // The pool had room: the server did not answer in time (a transient failure).
+                Err(_) => Some(connect_timeout(connect_time)),
+            };
+            if let Some(error) = failure {
+                if let Some(route) = &self.route {
+                    // The primary may have moved: the next connection asks the Sentinels.
+                    route.suspect();
+                }
+                // Never connected: stop its task now; there is nothing to `QUIT`.
+                if let Some(task) = loan.link.as_mut().and_then(|link| link.task.take()) {
+                    task.abort();
+                }
+                return Err(PoolError::Connect(error));
             }
-            // Dropped, the loan closes the connection.
-            () = self.closed() => return Err(PoolError::Closed),
-        };
-        let failure = match connected {
-            Ok(Ok(())) => None,
-            Ok(Err(error)) => Some(error),
-            // The pool had room: the server did not answer in time (a transient failure).
-            Err(_) => Some(connect_timeout(connect_time)),
-        };
-        if let Some(error) = failure {
-            // Never connected: stop its task now; there is nothing to `QUIT`.
-            if let Some(task) = loan.link.as_mut().and_then(|link| link.task.take()) {
-                task.abort();
+            // Straight to an address known from before, as fred does after asking Sentinel: is
+            // it still the primary? (The lock pipeline checks `ROLE` too; a user's loan does
+            // not.) If not, once more, where the Sentinels say it is now.
+            if let (true, false, Some(route)) = (direct, checked, &self.route)
+                && !route.is_suspect()
+                && is_replica(&loan.conn, deadline).await
+            {
+                checked = true;
+                route.suspect();
+                permit = loan._permit.take();
+                continue;
             }
-            return Err(PoolError::Connect(error));
-        }
+            break loan;
+        };
         if !loan.conn.is_clustered() {
             let id = tokio::time::timeout(
                 remaining(deadline).max(Duration::from_millis(1)),
@@ -278,6 +321,20 @@ impl DedicatedPool {
             }
         }
         Ok(loan)
+    }
+
+    /// A client for a new connection, not connected yet: on a Sentinel deployment one straight
+    /// to the primary ([`PrimaryRoute`], which may ask the Sentinels before `deadline`), else
+    /// (and when no address is known and no Sentinel answered) the template's configuration.
+    /// Also whether it goes straight to an address the client knew (not through fred's Sentinel
+    /// resolution, which checks `ROLE` itself).
+    async fn new_client(&self, deadline: Instant) -> (Client, bool) {
+        if let Some(route) = &self.route
+            && let Some(primary) = route.primary(&self.template, deadline).await
+        {
+            return (route.client(&self.template, primary), true);
+        }
+        (self.template.clone_new(), false)
     }
 
     /// Returns an idle, healthy connection for reuse.
@@ -314,11 +371,15 @@ impl DedicatedPool {
     }
 
     /// Closes idle connections in the background, so the next loans connect afresh (after a
-    /// failover, idle connections may still point at the old primary).
+    /// failover, idle connections may still point at the old primary); through Sentinel, the
+    /// next new connection asks the Sentinels where the primary is ([`PrimaryRoute::suspect`]).
     pub(crate) fn discard_idle(&self) {
         // Loans out now were taken before this: they are closed when they come back.
         self.generation
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        if let Some(route) = &self.route {
+            route.suspect();
+        }
         for (conn, link) in self.take_idle() {
             close_in_background(conn, link);
         }

@@ -45,6 +45,21 @@ pub struct Server {
     dir: PathBuf,
     tls: Option<ServerCerts>,
     running: Mutex<Option<Running>>,
+    /// Set by [`Server::pause`], cleared by [`Server::resume`].
+    paused: std::sync::atomic::AtomicBool,
+}
+
+/// A server frozen by [`Server::frozen`]: resumed (`SIGCONT`) when dropped, also when the test
+/// panics meanwhile.
+#[derive(Debug)]
+pub struct Frozen<'a>(&'a Server);
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        if self.0.is_running() && self.0.is_paused() {
+            self.0.resume();
+        }
+    }
 }
 
 impl Server {
@@ -93,6 +108,7 @@ impl Server {
                         dir,
                         tls,
                         running: Mutex::new(Some(running)),
+                        paused: std::sync::atomic::AtomicBool::new(false),
                     };
                 }
                 Err(StartError::PortInUse(msg)) => last = msg,
@@ -186,11 +202,30 @@ impl Server {
     /// When the server is not running.
     pub fn pause(&self) {
         self.signal("STOP");
+        self.paused
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// SIGCONT after [`Server::pause`].
     pub fn resume(&self) {
         self.signal("CONT");
+        self.paused
+            .store(false, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether [`Server::pause`] froze the server and nothing resumed it since.
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// [`Server::pause`], undone ([`Server::resume`]) when the guard is dropped.
+    ///
+    /// # Panics
+    /// When the server is not running.
+    #[must_use = "the server is resumed when the guard is dropped"]
+    pub fn frozen(&self) -> Frozen<'_> {
+        self.pause();
+        Frozen(self)
     }
 
     fn signal(&self, sig: &str) {

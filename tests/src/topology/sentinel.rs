@@ -67,13 +67,13 @@ impl SentinelSetup {
     }
 
     /// The primary's port per `SENTINEL get-master-addr-by-name`, from the first Sentinel that
-    /// answers.
+    /// answers (frozen ones, [`Server::pause`], are not asked).
     ///
     /// # Panics
     /// When no Sentinel answers.
     pub fn current_primary_port(&self) -> u16 {
         let mut errors = Vec::new();
-        for sentinel in &self.sentinels {
+        for sentinel in self.sentinels.iter().filter(|s| !s.is_paused()) {
             match self.primary_port_per(sentinel.port()) {
                 Ok(port) => return port,
                 Err(e) => errors.push(e),
@@ -105,7 +105,7 @@ impl SentinelSetup {
             .ok_or_else(|| format!("sentinel {sentinel_port}: unexpected reply {reply}"))
     }
 
-    /// Waits until every running Sentinel reports a primary other than `old_port`, all agree, that
+    /// Waits until every running Sentinel (not frozen, [`Server::pause`]) reports a primary other than `old_port`, all agree, that
     /// server says `role:master`, and every other running data server (except `old_port`) is its
     /// replica with the link up. Returns the new primary's port.
     ///
@@ -115,7 +115,11 @@ impl SentinelSetup {
         let mut new_port = 0;
         wait_until(timeout, || {
             let mut ports = Vec::new();
-            for sentinel in self.sentinels.iter().filter(|s| s.is_running()) {
+            for sentinel in self
+                .sentinels
+                .iter()
+                .filter(|s| s.is_running() && !s.is_paused())
+            {
                 ports.push(self.primary_port_per(sentinel.port())?);
             }
             let Some(&first) = ports.first() else {
@@ -151,13 +155,17 @@ impl SentinelSetup {
         Ok(new_port)
     }
 
-    /// Waits until every running Sentinel sees the primary as `master` (not down), both replicas and
+    /// Waits until every running Sentinel (not frozen) sees the primary as `master` (not down), both replicas and
     /// the two other Sentinels.
     pub fn wait_settled(&self, timeout: Duration) -> Result<(), String> {
         let replicas = self.data.replicas.len().to_string();
         let others = (self.sentinels.len().saturating_sub(1)).to_string();
         wait_until(timeout, || {
-            for sentinel in self.sentinels.iter().filter(|s| s.is_running()) {
+            for sentinel in self
+                .sentinels
+                .iter()
+                .filter(|s| s.is_running() && !s.is_paused())
+            {
                 let port = sentinel.port();
                 let pairs = cmd_timeout(port, &["SENTINEL", "MASTER", SENTINEL_SERVICE], PROBE)?
                     .into_result()?
