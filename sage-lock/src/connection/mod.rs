@@ -302,7 +302,10 @@ impl Connection {
     /// the new primary until its lease ended), and at once while the shared connection is down
     /// (fred, reconnecting through Sentinel, asks a frozen Sentinel for the whole command
     /// timeout, and without credentials never gets past it: the releases failed, and left their
-    /// keys until their leases ended). With the reply, whether the call ran, or may
+    /// keys until their leases ended), unless it `follows_shared`: the undoing of an attempt
+    /// sent on the shared connection, which fred may still hold and send once it reconnects,
+    /// must come after it there, or the attempt is granted after its undoing, with nobody left
+    /// to release it. With the reply, whether the call ran, or may
     /// have run, once before it (on a node that was not `granted_by`, no longer the primary, or
     /// that did not answer): a compare-and-delete sent again then finds its own earlier work.
     pub(crate) async fn run_on_primary(
@@ -310,6 +313,7 @@ impl Connection {
         call: &ScriptCall<'_>,
         deadline: Instant,
         granted_by: Option<&Server>,
+        follows_shared: bool,
     ) -> Result<(Value, bool), OpError> {
         if !self.deployment.is_replicated() {
             return self
@@ -319,7 +323,7 @@ impl Connection {
         }
         // Releases measure nothing from when they were sent.
         let mut sent = std::time::Instant::now();
-        if self.is_down() {
+        if self.is_down() && !follows_shared {
             // Reconnecting, through Sentinel maybe for long (fred asks the Sentinels in order, a
             // frozen one for the whole command timeout): the current primary is reached on a
             // dedicated connection (see `PrimaryRoute`), not waited for here.

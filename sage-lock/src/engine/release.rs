@@ -165,7 +165,7 @@ impl Release {
         let outcome = loop {
             let outcome = engine
                 .conn
-                .run_on_primary(&call, deadline, granted_by)
+                .run_on_primary(&call, deadline, granted_by, unanswered)
                 .await
                 .and_then(|(reply, ran_before)| {
                     // A copy that ran before on another node may have removed the key.
