@@ -6,9 +6,8 @@
 //! with `CROSSSLOT`, and the replica-less demo showed "0 critical sections" without a word.)
 
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
-use harness::{Cluster, Server, ServerConfig, ServerKind};
+use harness::{Cluster, Server, ServerKind};
 
 /// Runs example `bin` with `args` against `url` (as `SAGE_LOCK_URL`).
 fn run(bin: &str, args: &[&str], url: &str) -> Output {
@@ -79,37 +78,11 @@ fn demo_and_service_run_on_a_cluster_and_leave_nothing() {
     assert!(left.is_empty(), "the service left {left:?}\n{shown}");
 }
 
-/// A one-node cluster holding every slot: no replicas.
-fn lone_node_cluster(kind: ServerKind) -> Server {
-    // Alone, a node knows no address of its own: it would name its slots' owner "".
-    let node = Server::launch(
-        ServerConfig::new(kind)
-            .cluster(2_000)
-            .conf_line("cluster-announce-ip 127.0.0.1"),
-    );
-    node.cmd_ok(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
-    let start = Instant::now();
-    let ok = |node: &Server| {
-        node.cmd(&["CLUSTER", "INFO"])
-            .ok()
-            .and_then(|reply| reply.to_text())
-            .is_some_and(|info| info.contains("cluster_state:ok"))
-    };
-    while !ok(&node) {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{kind}: the one-node cluster never came up"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    node
-}
-
 /// On a cluster without replicas no lock is granted (replica acknowledgement is on by default):
 /// the demo says why instead of only "0 critical sections", and still leaves nothing.
 #[test]
 fn demo_on_a_cluster_without_replicas_says_why_nothing_ran() {
-    let node = lone_node_cluster(ServerKind::Valkey);
+    let node = harness::lone_node_cluster(ServerKind::Valkey);
     let url = format!("redis-cluster://127.0.0.1:{}", node.port());
     let demo = run(
         env!("CARGO_BIN_EXE_demo"),

@@ -36,7 +36,7 @@ pub use server::{
 pub use topology::{
     CLUSTER_NODE_TIMEOUT_MS, Cluster, ClusterNodeInfo, Replicated, SENTINEL_DOWN_AFTER_MS,
     SENTINEL_FAILOVER_TIMEOUT_MS, SENTINEL_SERVICE, SLOTS, SentinelSetup, cluster_nodes, key_slot,
-    launch_all, parse_cluster_nodes, slot_owner, wait_until,
+    launch_all, lone_node_cluster, parse_cluster_nodes, slot_owner, wait_until,
 };
 
 const KINDS: usize = ServerKind::ALL.len();

@@ -637,32 +637,6 @@ async fn a_call_to_a_dead_node_names_that_node() {
     }
 }
 
-/// A one-node cluster holding every slot (no replicas), ready for clients.
-fn lone_node_cluster(kind: ServerKind) -> harness::Server {
-    // Alone, a node knows no address of its own: it would name its slots' owner "".
-    let node = harness::Server::launch(
-        harness::ServerConfig::new(kind)
-            .cluster(2_000)
-            .conf_line("cluster-announce-ip 127.0.0.1"),
-    );
-    node.cmd_ok(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
-    let start = Instant::now();
-    let ok = |node: &harness::Server| {
-        node.cmd(&["CLUSTER", "INFO"])
-            .ok()
-            .and_then(|reply| reply.to_text())
-            .is_some_and(|info| info.contains("cluster_state:ok"))
-    };
-    while !ok(&node) {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{kind}: the one-node cluster never came up"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    node
-}
-
 /// `with_locks` over two slots at a node that stops answering returns as `with_lock` does,
 /// about 25 ms past its wait or its usable lease, not a release bound (1 s) later for every
 /// slot it had taken: the slots taken are given back together, in the background past 20 ms.
@@ -671,7 +645,7 @@ fn lone_node_cluster(kind: ServerKind) -> harness::Server {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_slots_at_a_stopped_node_return_in_time() {
     for kind in ServerKind::ALL {
-        let node = Arc::new(lone_node_cluster(kind));
+        let node = Arc::new(harness::lone_node_cluster(kind));
         let url = format!("redis-cluster://127.0.0.1:{}", node.port());
         let client = LockClient::connect(&url).await.expect("connect");
         let ns = format!("stopped-slots-{}", rand::random::<u32>());
@@ -765,7 +739,7 @@ async fn several_slots_at_a_stopped_node_return_in_time() {
 async fn a_replicaless_cluster_without_acknowledgement_logs_nothing_about_replicas() {
     use tracing::instrument::WithSubscriber as _;
     for kind in ServerKind::ALL {
-        let node = lone_node_cluster(kind);
+        let node = harness::lone_node_cluster(kind);
         let url = format!("redis-cluster://127.0.0.1:{}", node.port());
         let captured = harness::Captured::default();
         let ns = format!("no-replicas-{}", rand::random::<u32>());

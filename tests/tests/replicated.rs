@@ -848,12 +848,7 @@ async fn waits_that_time_out_keep_their_connections() {
     const WAITS: u64 = 30;
     for kind in ServerKind::ALL {
         let setup = harness::shared_replicated(kind);
-        let client = LockClient::builder()
-            .url(&setup.primary_url())
-            .replicated(true)
-            .connect()
-            .await
-            .expect("connect");
+        let client = connect_replicated(setup).await;
         let locks: Locks<str> = client
             .lock_with(
                 LockOptions::new()

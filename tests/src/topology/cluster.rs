@@ -453,3 +453,30 @@ fn node_id_of(node: &Server) -> String {
         .to_text()
         .expect("CLUSTER MYID")
 }
+
+/// A one-node cluster holding every slot (no replicas), ready for clients: the smallest
+/// cluster, where nothing is acknowledged by default.
+pub fn lone_node_cluster(kind: ServerKind) -> Server {
+    // Alone, a node knows no address of its own: it would name its slots' owner "".
+    let node = Server::launch(
+        ServerConfig::new(kind)
+            .cluster(2_000)
+            .conf_line("cluster-announce-ip 127.0.0.1"),
+    );
+    node.cmd_ok(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
+    let start = Instant::now();
+    let ok = |node: &Server| {
+        node.cmd(&["CLUSTER", "INFO"])
+            .ok()
+            .and_then(|reply| reply.to_text())
+            .is_some_and(|info| info.contains("cluster_state:ok"))
+    };
+    while !ok(&node) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{kind}: the one-node cluster never came up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    node
+}

@@ -13,7 +13,7 @@ use crate::server::{POLL, START_TIMEOUT, Server, ServerConfig, ServerKind};
 
 pub use cluster::{
     CLUSTER_NODE_TIMEOUT_MS, Cluster, ClusterNodeInfo, SLOTS, cluster_nodes, key_slot,
-    parse_cluster_nodes, slot_owner,
+    lone_node_cluster, parse_cluster_nodes, slot_owner,
 };
 pub use sentinel::{
     SENTINEL_DOWN_AFTER_MS, SENTINEL_FAILOVER_TIMEOUT_MS, SENTINEL_SERVICE, SentinelSetup,
