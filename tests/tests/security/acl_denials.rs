@@ -594,3 +594,33 @@ async fn acl_sentinel_without_replicas_warns_once() {
         );
     }
 }
+
+/// The Sentinels know the user, the data nodes do not: the error named only the Sentinels'
+/// addresses, so the operator looked for the fault in the wrong place (a Left item).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_data_nodes_refusing_the_credentials_are_named() {
+    for kind in ServerKind::ALL {
+        let setup = harness::shared_sentinel(kind);
+        let id = rand::random::<u32>();
+        let name = format!("acl-sentinel-only-{id}");
+        for sentinel in &setup.sentinels {
+            set_user(sentinel, &crate::acl::sentinel_rule(&name), |words| words);
+        }
+        let url = setup
+            .url()
+            .replacen("://", &format!("://{name}:{PASSWORD}@"), 1);
+        let error = connect_error(
+            LockClient::builder()
+                .url(&url)
+                .command_timeout(Duration::from_secs(2)),
+        )
+        .await;
+        println!("{kind}: {error}");
+        let primary = setup.data.primary.url();
+        let primary = primary.trim_start_matches("redis://");
+        assert!(
+            error.contains(primary) && error.contains("WRONGPASS"),
+            "{kind}: {error}"
+        );
+    }
+}
