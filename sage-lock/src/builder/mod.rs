@@ -466,6 +466,7 @@ impl LockClientBuilder {
         crate::sentinel::answering_sentinel_first(&mut config, tokio::time::Instant::now() + probe)
             .await;
         let first_sentinel = sentinel_probe::first_sentinel(&config);
+        let sentinels = first_sentinel.is_some().then(|| config.clone());
         let fred = build_fred(
             config,
             fred::types::config::ConnectionConfig::default(),
@@ -499,13 +500,20 @@ impl LockClientBuilder {
                 // The refusal may come from any primary the cluster lists, not only the seeds.
                 hint = CLUSTER_NODE_REFUSED.to_owned();
             }
+            let no_sentinel = error
+                .details()
+                .contains("Failed to connect to all sentinel nodes");
             if let Some(alone) = first_sentinel
-                && error
-                    .details()
-                    .contains("Failed to connect to all sentinel nodes")
+                && no_sentinel
                 && let Some(said) = sentinel_probe::what_the_first_sentinel_said(alone).await
             {
                 hint = format!("{hint}; {said}");
+            } else if let Some(sentinels) = sentinels
+                && !no_sentinel
+                && let Some(said) =
+                    sentinel_probe::what_the_primary_refused(&sentinels, &error).await
+            {
+                hint = format!("{said}: {hint}");
             }
             return Err(LockError::backend(
                 format!("could not connect to {target}: {hint}"),

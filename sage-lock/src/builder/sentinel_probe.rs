@@ -1,6 +1,8 @@
 //! What a Sentinel answered: fred tries each Sentinel and, when none accepts the connection,
 //! keeps none of their errors ("Failed to connect to all sentinel nodes"). Asking the first one
 //! alone, with the same credentials and TLS settings, recovers its own answer for the error.
+//! When a Sentinel did answer and the primary it named refused, the error names that primary
+//! rather than only the Sentinels of the URL.
 
 use std::time::Duration;
 
@@ -56,5 +58,38 @@ pub(super) async fn what_the_first_sentinel_said(alone: Config) -> Option<String
         .unwrap_or_else(|| crate::tls::connect_hint(&error, tls).to_owned());
     Some(format!(
         "asked alone, the Sentinel at {address} answered: {hint}: {error}"
+    ))
+}
+
+/// When the Sentinels of `sentinels` (a Sentinel configuration) accept the connection and name
+/// the primary, which the failed first connection then reached: says so, as `the Sentinels
+/// accepted the connection and named the primary H:P, which failed it`, with a word on
+/// credentials (the URL's go to both) when `error` is a refusal of them. `None` when no Sentinel names one within
+/// [`PROBE_TIMEOUT`]: the failure is the Sentinels' own.
+pub(super) async fn what_the_primary_refused(
+    sentinels: &Config,
+    error: &fred::error::Error,
+) -> Option<String> {
+    let deadline = tokio::time::Instant::now() + PROBE_TIMEOUT;
+    let primary = crate::sentinel::primary_per_sentinels(sentinels, deadline).await?;
+    let details = error.details();
+    let credentials = if [
+        "WRONGPASS",
+        "NOAUTH",
+        "invalid password",
+        "invalid username-password",
+    ]
+    .iter()
+    .any(|word| details.contains(word))
+    {
+        " (the URL's user name and password go to the Sentinels and to the data nodes alike: \
+         the user must exist, with the same password, on both)"
+    } else {
+        ""
+    };
+    Some(format!(
+        "the Sentinels accepted the connection and named the primary {}:{}, which failed \
+         it{credentials}",
+        primary.host, primary.port
     ))
 }
