@@ -1,0 +1,120 @@
+//! A client process that stops running for a while (`SIGSTOP`, a VM pause, a runtime whose
+//! threads are blocked): what its calls say when it runs again (audit 46). A current-thread
+//! runtime blocked by `std::thread::sleep` stops every task of the client, its renewals and
+//! timers included, the way a stopped process does.
+
+use std::time::Duration;
+
+use harness::ServerKind;
+use sage_lock::{LockClient, LockError, LockOptions, Locks, LossReason, TimeoutReason};
+
+/// Blocks the current-thread runtime (every task of the client) for `pause`, `after` from now.
+fn stall(after: Duration, pause: Duration) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        std::thread::sleep(pause);
+    })
+}
+
+/// A holder stalled past its lease is told so: the loss says it was noticed late because the
+/// process did not run, not only that "no renewal completed in time", which points at the
+/// server (audit 46: "held 2.297s" for a 600 ms lease, with nothing about the stall).
+#[tokio::test(flavor = "current_thread")]
+async fn a_holder_stalled_past_its_lease_is_told_why_it_lost() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("stalls-holder")
+                    .lease(Duration::from_millis(600)),
+            )
+            .expect("options");
+        let stalled = stall(Duration::from_millis(100), Duration::from_millis(2000));
+        let outcome = locks
+            .with_lock("k", Duration::from_secs(2), async {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            })
+            .await;
+        stalled.await.expect("the stall ends");
+        println!("{kind}: {outcome:?}");
+        let Err(LockError::LockLost { reason, .. }) = &outcome else {
+            panic!("{kind}: a stall of 2 s over a 600 ms lease loses it: {outcome:?}");
+        };
+        let text = reason.to_string();
+        assert!(
+            matches!(reason, LossReason::RenewalFailed(_))
+                && text.contains("after the usable lease ran out")
+                && text.contains("did not run"),
+            "{kind}: {text}"
+        );
+        client.quit().await;
+    }
+}
+
+/// Two tasks of one process wait for a key another client holds; the process stalls past both
+/// waits. The task that waited behind the other one in the process timed out
+/// `Unavailable("no reply from the server within the wait")`, now and then, although the
+/// server was fine (audit 46): handed the lead after its deadline, it sent an attempt with no
+/// time left. Both say `Busy`.
+#[tokio::test(flavor = "current_thread")]
+async fn waiters_stalled_past_their_wait_time_out_busy() {
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let holder = LockClient::connect(&server.url()).await.expect("connect");
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let options = LockOptions::new()
+            .namespace("stalls-waiters")
+            .lease(Duration::from_secs(5));
+        let held: Locks<str> = holder.lock_with(options.clone()).expect("options");
+        let locks: Locks<str> = client.lock_with(options).expect("options");
+        let mut reasons = Vec::new();
+        for round in 0..8 {
+            let key = format!("k{round}");
+            let (taken_tx, taken_rx) = tokio::sync::oneshot::channel();
+            let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+            let holding = {
+                let (held, key) = (held.clone(), key.clone());
+                tokio::spawn(async move {
+                    held.with_lock(key.as_str(), Duration::from_secs(2), async {
+                        let _ = taken_tx.send(());
+                        let _ = done_rx.await;
+                    })
+                    .await
+                })
+            };
+            taken_rx.await.expect("the holder takes the key");
+            let mut waiters = Vec::new();
+            for i in 0..2_u64 {
+                let (locks, key) = (locks.clone(), key.clone());
+                waiters.push(tokio::spawn(async move {
+                    locks
+                        .with_lock(key.as_str(), Duration::from_millis(300 + 20 * i), async {})
+                        .await
+                }));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let stalled = stall(Duration::from_millis(100), Duration::from_millis(600));
+            for waiter in waiters {
+                match waiter.await.expect("the waiter ends") {
+                    Err(LockError::TimedOut { reason, .. }) => reasons.push(reason),
+                    other => panic!("{kind}: the key stays held: {other:?}"),
+                }
+            }
+            stalled.await.expect("the stall ends");
+            let _ = done_tx.send(());
+            holding
+                .await
+                .expect("the holder ends")
+                .expect("the holder keeps the key");
+        }
+        println!("{kind}: {reasons:?}");
+        assert!(
+            reasons.iter().all(|reason| *reason == TimeoutReason::Busy),
+            "{kind}: {reasons:?}"
+        );
+        holder.quit().await;
+        client.quit().await;
+    }
+}
