@@ -268,6 +268,8 @@ pub enum LossReason {
     /// timeout, 5 s by default, on a connection that went silent: a partition, a stopped
     /// server), there is no failure to quote, and the text says "no renewal completed in time",
     /// followed by why the client is not connected when it is not (a refused reconnection).
+    /// A loss noticed well after the usable lease ran out adds that the process did not run in
+    /// between (stopped, paused, or its runtime's threads blocked).
     RenewalFailed(String),
     /// Replicas did not acknowledge a renewal before the usable lease ran out.
     NotAcknowledged {

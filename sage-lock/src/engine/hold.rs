@@ -71,6 +71,27 @@ pub(crate) async fn hold<F: Future>(
     }
 }
 
+/// How long after the end of the usable lease a loss must come to be put down to the process
+/// not running: renewals and the safety net act before that end, so a loss noticed well after
+/// it was noticed by a process that did not run in between.
+const STALL: Duration = Duration::from_millis(250);
+
+/// `reason`, saying so when the loss of `lease` is noticed more than [`STALL`] after its usable
+/// end with renewals that failed: a holder stopped past its lease (`SIGSTOP`, a VM pause, a
+/// runtime whose threads were blocked) otherwise reads only "no renewal completed in time",
+/// which points at the server (audit 46).
+fn noticed_late(reason: LossReason, lease: &Lease) -> LossReason {
+    let late = std::time::Instant::now().saturating_duration_since(lease.valid_until());
+    match reason {
+        LossReason::RenewalFailed(last) if late > STALL => LossReason::RenewalFailed(format!(
+            "{last}; noticed {late:.1?} after the usable lease ran out: this process did not \
+             run in between (stopped or paused, as by SIGSTOP or a VM pause, or its runtime's \
+             threads were blocked)"
+        )),
+        other => other,
+    }
+}
+
 /// Marks its flag when dropped while the thread unwinds: around a poll of the body, it tells
 /// a body that panicked from a call that was cancelled (the hold is dropped either way).
 struct PanicMark<'a>(&'a AtomicBool);
@@ -252,6 +273,7 @@ impl Held {
         part: Option<(Arc<str>, u64)>,
     ) -> LockError {
         self.stop_renewal();
+        let reason = noticed_late(reason, &self.lease);
         let conn = &self.engine.conn;
         conn.stats.record(&self.metrics, Event::Loss);
         self.loss_counted = true;

@@ -279,8 +279,13 @@ async fn acquire_loop(
     let mut polled = false;
     // An attempt failed on the way (it may have been granted unanswered).
     let mut unanswered_before = false;
-    if in_line && engine.waiters.any() && !waiter.try_lead() && !waiter.follow(deadline).await {
-        return Err(Stop::TimedOut(TimeoutReason::Busy));
+    if in_line && engine.waiters.any() && !waiter.try_lead() {
+        // Behind another local task waiting for the key, which was busy. Handed the lead only
+        // at or after the deadline (the process stalled past it, say), an attempt would be cut
+        // before its answer and read "no reply from the server": the key was busy.
+        if !waiter.follow(deadline).await || remaining(deadline).is_zero() {
+            return Err(Stop::TimedOut(TimeoutReason::Busy));
+        }
     }
     loop {
         if engine.quitting.is_set() {
