@@ -5,8 +5,9 @@
 //! on a cluster, whatever the keys' slots; per slot for a lease whose slot moved while held),
 //! capped at a limit of leases per call (256 unless the client's builder says otherwise), with
 //! one `ROLE`/`WAIT` check per call. A
-//! lease is due a third of the way through; leases due within a twentieth of a lease of each
-//! other are renewed in the same call. Registering a lease costs no task and no round trip, so a
+//! lease is due a third of the way through; a call also renews the leases due within a sixth
+//! of a lease after it, so that leases acquired at different times come to share one call per
+//! round. Registering a lease costs no task and no round trip, so a
 //! body shorter than a third of its lease never causes a renewal.
 //!
 //! A failed renewal is retried with backoff while the usable lease lasts. A lock is lost when its
@@ -291,17 +292,26 @@ impl Shared {
         if first_due > now {
             return Vec::new();
         }
-        let window = state
-            .entries
-            .get(&first_id)
-            .map_or(Duration::ZERO, |e| e.renewal.lease_duration / 20);
-        let horizon = now + window;
+        let horizon = now
+            + state
+                .entries
+                .get(&first_id)
+                .map_or(Duration::ZERO, |e| merge_window(e.renewal.lease_duration));
+        // Each entry within its own lease's window too: a short lease is not renewed far ahead.
+        let taken: Vec<(Instant, u64)> = state
+            .queue
+            .range(..=(horizon, u64::MAX))
+            .filter(|(due, id)| {
+                state
+                    .entries
+                    .get(id)
+                    .is_none_or(|e| *due <= now + merge_window(e.renewal.lease_duration))
+            })
+            .copied()
+            .collect();
         let mut groups: HashMap<BatchKey, Batch> = HashMap::new();
-        while let Some(&(due, id)) = state.queue.first() {
-            if due > horizon {
-                break;
-            }
-            state.queue.pop_first();
+        for (due, id) in taken {
+            state.queue.remove(&(due, id));
             let Some(entry) = state.entries.get(&id) else {
                 continue;
             };
@@ -449,6 +459,17 @@ fn renewal_backoff(lease: Duration) -> Backoff {
         Duration::from_millis(5),
         (lease / 10).max(Duration::from_millis(5)),
     )
+}
+
+/// How far ahead of its due a lease of `lease` is renewed with a call that is being sent:
+/// a sixth of the lease. Leases are due a third of a lease after their last renewal, so two
+/// groups of leases due less than a third apart either fall within a sixth of each other, and
+/// share the next call, or more than a sixth, and the later group's call takes the earlier
+/// one, due a third minus that after it: however spread out their acquisition, a client's
+/// leases of one length come to share one call per round (per server or node, up to the batch
+/// limit) after their first renewals. Renewing early only moves a lease's end later.
+fn merge_window(lease: Duration) -> Duration {
+    lease / 6
 }
 
 /// The scheduler: sleeps until the earliest renewal is due (or a registration or finished
