@@ -560,6 +560,31 @@ async fn many_leases_renew_in_batches() {
     }
 }
 
+/// Spawns `held` tasks, `spacing` apart, each holding its own key `k0`, `k1`, ... of `locks`
+/// until `end`.
+async fn hold_until(
+    locks: &Locks<String>,
+    held: u64,
+    end: tokio::time::Instant,
+    spacing: Duration,
+) -> Vec<tokio::task::JoinHandle<Result<(), LockError>>> {
+    let mut tasks = Vec::new();
+    for i in 0..held {
+        let locks = locks.clone();
+        tasks.push(tokio::spawn(async move {
+            locks
+                .with_lock(
+                    &format!("k{i}"),
+                    Duration::from_secs(5),
+                    tokio::time::sleep_until(end),
+                )
+                .await
+        }));
+        tokio::time::sleep(spacing).await;
+    }
+    tasks
+}
+
 /// Holds `held` locks of `lease` in namespace `ns` for `hold`, on a client of `server` with
 /// `renewal_batch_limit(limit)`; returns `(renewal calls, renewals)`: the server's `EVALSHA`
 /// calls that were neither an acquire nor a release, and the client's count.
@@ -583,19 +608,8 @@ async fn renewals_with_limit(
     let locks: Locks<String> = client
         .lock_with(LockOptions::new().namespace(ns).lease(lease))
         .expect("opts");
-    let mut tasks = Vec::new();
-    for i in 0..held {
-        let locks = locks.clone();
-        tasks.push(tokio::spawn(async move {
-            locks
-                .with_lock(
-                    &format!("k{i}"),
-                    Duration::from_secs(5),
-                    tokio::time::sleep(hold),
-                )
-                .await
-        }));
-    }
+    let end = tokio::time::Instant::now() + hold;
+    let tasks = hold_until(&locks, held, end, Duration::ZERO).await;
     for task in tasks {
         task.await.expect("join").expect("held without loss");
     }
@@ -673,20 +687,7 @@ async fn leases_acquired_over_a_tick_share_one_renewal_call() {
         let start = tokio::time::Instant::now();
         // Acquired one every 5 ms (300 ms: one and a half ticks), all released together.
         let end = start + Duration::from_millis(3300);
-        let mut tasks = Vec::new();
-        for i in 0..held {
-            let locks = locks.clone();
-            tasks.push(tokio::spawn(async move {
-                locks
-                    .with_lock(
-                        &format!("k{i}"),
-                        Duration::from_secs(5),
-                        tokio::time::sleep_until(end),
-                    )
-                    .await
-            }));
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let tasks = hold_until(&locks, held, end, Duration::from_millis(5)).await;
         // Counted from the last acquisition on: by then every lease is renewed.
         tokio::time::sleep(tick).await;
         let renewals_before = client.stats().renewals;
