@@ -92,12 +92,12 @@ impl<K: ?Sized> Locks<K> {
             let (since, until) = *unsettled_since.get_or_insert_with(|| (now, self.deadline()));
             if now >= until {
                 let text = format!(
-                    "{} at every look for {:.1} s ({passes} tries; the command timeout bounds \
-                     the wait): a listing taken meanwhile could leave out the locks that move. \
-                     Try again once the migration ends, or end a stuck one (CLUSTER SETSLOT \
-                     <slot> NODE <id> on every primary, or STABLE)",
-                    describe(&unsettled),
+                    "slots were migrating around every pass for {:.1} s ({passes} tries; the \
+                     command timeout bounds the wait): {}; a listing taken meanwhile could leave \
+                     out the locks that move. Try again once the migration ends, or end a stuck \
+                     one (CLUSTER SETSLOT <slot> NODE <id> on every primary, or STABLE)",
                     now.duration_since(since).as_secs_f64(),
+                    describe(&unsettled),
                 );
                 return Err(self.backend(context(), Error::new(ErrorKind::Cluster, text)));
             }
