@@ -8,7 +8,9 @@
 //!
 //! `--url` defaults to `SAGE_LOCK_URL` (any URL `LockClient::connect` takes: standalone,
 //! Sentinel, cluster), `--namespace` to `lock`. `list` scans every primary (`SCAN`, never
-//! `KEYS`) and prints a table of the held locks: key, fencing token, lease left, time held.
+//! `KEYS`) and prints a table of the held locks: key, fencing token, lease left, time held. In
+//! a cluster it waits out a slot migration (the command timeout at most), then fails naming the
+//! slot rather than print a list that may leave out the locks that move.
 //! `show` prints one lock's holder. `unlock` force-releases a lock (the holder's next renewal
 //! fails and its body is cancelled); it is logged at warn by the library with `--by` (default:
 //! `$USER`). `--tls-ca FILE` trusts the CA that signed a `rediss://` server's certificate;

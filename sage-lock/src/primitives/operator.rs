@@ -7,6 +7,7 @@
 //! `TRYAGAIN`) makes an operator call wait for the migration's end, within the command timeout,
 //! rather than fail.
 
+mod layout;
 mod retrying;
 mod scan;
 

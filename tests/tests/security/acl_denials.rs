@@ -490,6 +490,30 @@ async fn acl_connect_failures_are_named() {
     }
 }
 
+/// In a cluster `scan` reads each primary's slots (`CLUSTER NODES`) around its pass: a user
+/// without it is told the grant (audit 47).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_cluster_scan_names_cluster_nodes() {
+    for kind in ServerKind::ALL {
+        let cluster = harness::shared_cluster(kind);
+        let servers: Vec<&Server> = cluster.nodes.iter().collect();
+        let user = User::on(&servers, &cluster.url(), without(&["+cluster|nodes"]));
+        let client = user.client(false).await;
+        let locks: Locks<str> = client
+            .lock_with(user.options(Duration::from_secs(5)))
+            .expect("options");
+        let error = locks.scan().await.expect_err("CLUSTER NODES is denied");
+        let text = error.to_string();
+        assert!(
+            matches!(error, LockError::Backend { .. })
+                && text.contains("NOPERM")
+                && text.contains("grant +cluster|nodes"),
+            "{kind}: {text}"
+        );
+        client.quit().await;
+    }
+}
+
 /// Without `+info`, connect still tells what a plain URL names, from `ROLE` and
 /// `CLUSTER INFO` (which the documented rule grants): a replica and a cluster node are refused,
 /// and a primary with replicas without `replicated(true)` is warned about. The checks were

@@ -1,6 +1,8 @@
-//! [`Locks::scan`]: `SCAN` on every primary, each sent to the node by its address.
+//! [`Locks::scan`]: `SCAN` on every primary, each sent to the node by its address, in a pass
+//! that counts only when no slot moved around it (see [`super::layout`]).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use fred::bytes::Bytes;
 use fred::error::{Error, ErrorKind};
@@ -8,6 +10,9 @@ use fred::interfaces::{ClientLike as _, ClusterInterface as _};
 use fred::types::config::{Options, Server};
 use fred::types::{ClusterHash, CustomCommand, Value};
 
+use tokio::time::Instant;
+
+use super::layout::{Layout, describe};
 use super::retrying::{bounded, retrying, transient};
 use super::{HeldLock, Inspected, not_a_mutex_text, protocol};
 use crate::connection::OpError;
@@ -18,14 +23,19 @@ use crate::primitives::mutex::Locks;
 /// How many keys one `SCAN` call asks for.
 const SCAN_COUNT: i64 = 1000;
 
+/// How long `scan` waits before it looks again at a slot in flux.
+const SETTLE_PAUSE: Duration = Duration::from_millis(50);
+
 impl<K: ?Sized> Locks<K> {
     /// Every lock held in this family's namespace now, sorted by key: `SCAN` with a `MATCH` on
-    /// the namespace on every primary, then one read per lock. In a cluster the primaries are
-    /// read once per scan from a routing refreshed for it (`CLUSTER SLOTS`), and each is scanned
-    /// exactly once, by its address, whichever slots move meanwhile; a key that moves during the
-    /// scan is listed once. Locks taken or released (or moved) during the scan may or may not
-    /// be listed. A lock's key that holds another type (set by hand) is not listed, and a
-    /// warning names it.
+    /// the namespace on every primary, then one read per lock. In a cluster each pass reads the
+    /// primaries from a routing refreshed for it (`CLUSTER SLOTS`) and scans each once, by its
+    /// address; a pass counts only when no primary marked a slot migrating or importing before
+    /// it and each primary's slots (`CLUSTER NODES`) are the same after it, so a lock whose slot
+    /// moves is never left out (nor listed twice). Otherwise the scan waits and passes again,
+    /// for at most the command timeout, then fails naming the slots. Locks taken or released
+    /// during the scan may or may not be listed. A lock's key that holds another type (set by
+    /// hand) is not listed, and a warning names it.
     ///
     /// ```no_run
     /// # async fn demo(locks: sage_lock::Locks<str>) -> Result<(), sage_lock::LockError> {
@@ -40,9 +50,12 @@ impl<K: ?Sized> Locks<K> {
     ///   [`from_fred`](crate::LockClient::from_fred) client cannot hold locks.
     /// - [`LockError::Backend`]: the server cannot answer in time, the connection is down, the
     ///   call is outside a Tokio runtime, or the client was closed by
-    ///   [`LockClient::quit`](crate::LockClient::quit). Brief server errors (a slot being
-    ///   migrated, `TRYAGAIN`) are retried within the command timeout; a failure that outlasts
-    ///   it may be transient (kind `Timeout`), and a later call may succeed.
+    ///   [`LockClient::quit`](crate::LockClient::quit). Brief server errors (`TRYAGAIN`) are
+    ///   retried within the command timeout; a failure that outlasts it may be transient (kind
+    ///   `Timeout`), and a later call may succeed.
+    /// - [`LockError::Backend`] (kind `Cluster`): a slot was migrating (or moved) around every
+    ///   pass for the command timeout; the error names the slots and the primaries marking them.
+    ///   A later call succeeds once the migration ends (a stuck one needs `CLUSTER SETSLOT`).
     pub async fn scan(&self) -> Result<Vec<HeldLock>, LockError> {
         let namespace = &self.settings.namespace;
         let context = || format!("could not scan the locks of namespace {namespace}");
@@ -50,15 +63,114 @@ impl<K: ?Sized> Locks<K> {
             return Err(self.backend(context(), error));
         }
         self.engine.refuse_wrong_node().await?;
-        let nodes = self
-            .primaries()
-            .await
-            .map_err(|error| self.failed(context(), error))?;
+        // From the first pass that met a slot in flux: when, and until when to wait.
+        let mut unsettled_since: Option<(Instant, Instant)> = None;
+        let mut passes = 0_u32;
+        loop {
+            let nodes = self
+                .primaries()
+                .await
+                .map_err(|error| self.failed(context(), error))?;
+            let before = self.layout(&nodes).await?;
+            let moving = before.as_ref().map(Layout::moving).unwrap_or_default();
+            let unsettled = if moving.is_empty() {
+                let found = self.scan_pass(&nodes).await?;
+                let after = self.layout(&nodes).await?;
+                let changes = match (&before, &after) {
+                    (Some(before), Some(after)) => before.changes(after),
+                    _ => BTreeMap::new(),
+                };
+                if changes.is_empty() {
+                    return Ok(found.into_values().collect());
+                }
+                changes
+            } else {
+                moving
+            };
+            passes += 1;
+            let now = Instant::now();
+            let (since, until) = *unsettled_since.get_or_insert_with(|| (now, self.deadline()));
+            if now >= until {
+                let text = format!(
+                    "slots were migrating around every pass for {:.1} s ({passes} tries; the \
+                     command timeout bounds the wait): {}; a listing taken meanwhile could leave \
+                     out the locks that move. Try again once the migration ends, or end a stuck \
+                     one (CLUSTER SETSLOT <slot> NODE <id> on every primary, or STABLE)",
+                    now.duration_since(since).as_secs_f64(),
+                    describe(&unsettled),
+                );
+                return Err(self.backend(context(), Error::new(ErrorKind::Cluster, text)));
+            }
+            tokio::time::sleep_until((now + SETTLE_PAUSE).min(until)).await;
+        }
+    }
+
+    /// One pass: every lock held on `nodes`, by key (a key listed by two nodes once).
+    async fn scan_pass(
+        &self,
+        nodes: &[Option<Server>],
+    ) -> Result<BTreeMap<Vec<u8>, HeldLock>, LockError> {
         let mut found: BTreeMap<Vec<u8>, HeldLock> = BTreeMap::new();
-        for node in &nodes {
+        for node in nodes {
             self.scan_node(node.as_ref(), &mut found).await?;
         }
-        Ok(found.into_values().collect())
+        Ok(found)
+    }
+
+    /// Each of `nodes`' own word on its slots (`CLUSTER NODES`); `None` outside a cluster.
+    async fn layout(&self, nodes: &[Option<Server>]) -> Result<Option<Layout>, LockError> {
+        let namespace = &self.settings.namespace;
+        let mut layout = Layout::default();
+        for node in nodes {
+            let Some(node) = node else {
+                return Ok(None);
+            };
+            let context = || {
+                format!(
+                    "could not scan the locks of namespace {namespace}: no slot layout from \
+                     {node} (CLUSTER NODES)"
+                )
+            };
+            let reply = self
+                .on_node(Some(node), "CLUSTER", &[Value::from("NODES")])
+                .await
+                .map_err(|error| self.failed(context(), error))?;
+            let text = reply
+                .as_bytes()
+                .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
+                .or_else(|| reply.as_string());
+            text.and_then(|text| layout.add(node.to_string(), &text))
+                .ok_or_else(|| self.backend(context(), protocol("CLUSTER NODES")))?;
+        }
+        Ok(Some(layout))
+    }
+
+    /// `command args` sent to `node` (the one server when `None`) whatever the keys' hash,
+    /// retried after a transient failure within the command timeout.
+    async fn on_node(
+        &self,
+        node: Option<&Server>,
+        command: &'static str,
+        args: &[Value],
+    ) -> Result<Value, OpError> {
+        let fred = self.engine.conn.fred();
+        let options = Options {
+            cluster_node: node.cloned(),
+            ..Default::default()
+        };
+        let deadline = self.deadline();
+        let options = &options;
+        retrying(deadline, transient, move || {
+            // Sent to `node` whatever the hash says (`cluster_node` comes first).
+            let command = CustomCommand::new_static(command, ClusterHash::Random, false);
+            let args = args.to_vec();
+            async move {
+                let routed = fred.with_options(options);
+                let reply = routed.custom::<Value, Value>(command, args);
+                bounded(deadline, reply).await
+            }
+        })
+        .await
     }
 
     /// The nodes to `SCAN`: outside a cluster the one server (`None`); in a cluster every
@@ -98,34 +210,20 @@ impl<K: ?Sized> Locks<K> {
             Some(node) => format!("could not scan the locks of namespace {namespace} on {node}"),
             None => format!("could not scan the locks of namespace {namespace}"),
         };
-        let fred = self.engine.conn.fred();
-        let options = Options {
-            cluster_node: node.cloned(),
-            ..Default::default()
-        };
         let pattern = Value::Bytes(Bytes::from(scan_pattern(namespace)));
         let mut cursor = Bytes::from_static(b"0");
         loop {
-            let deadline = self.deadline();
-            let (options, pattern, page_cursor) = (&options, &pattern, &cursor);
-            let reply = retrying(deadline, transient, move || {
-                // Sent to `node` whatever the hash says (`cluster_node` comes first).
-                let command = CustomCommand::new_static("SCAN", ClusterHash::Random, false);
-                let args = vec![
-                    Value::Bytes(page_cursor.clone()),
-                    Value::from("MATCH"),
-                    pattern.clone(),
-                    Value::from("COUNT"),
-                    Value::Integer(SCAN_COUNT),
-                ];
-                async move {
-                    let routed = fred.with_options(options);
-                    let page = routed.custom::<Value, Value>(command, args);
-                    bounded(deadline, page).await
-                }
-            })
-            .await
-            .map_err(|error| self.failed(context(), error))?;
+            let args = [
+                Value::Bytes(cursor.clone()),
+                Value::from("MATCH"),
+                pattern.clone(),
+                Value::from("COUNT"),
+                Value::Integer(SCAN_COUNT),
+            ];
+            let reply = self
+                .on_node(node, "SCAN", &args)
+                .await
+                .map_err(|error| self.failed(context(), error))?;
             let (next, server_keys) =
                 parse_scan(reply).ok_or_else(|| self.backend(context(), protocol("SCAN")))?;
             for server_key in server_keys {
