@@ -9,15 +9,11 @@ use std::time::Duration;
 use fred::clients::Client;
 use fred::error::Error;
 use fred::interfaces::{ClientLike, ClusterInterface};
-use fred::types::Value;
 use fred::types::cluster::ClusterRouting;
-use fred::types::config::Server;
-use tokio::time::Instant;
 
 use crate::observe::Stats;
 use crate::pool::{DedicatedPool, Link, close_in_background};
 use crate::replicas::ReplicaHints;
-use crate::scripts::ScriptCall;
 use crate::sentinel::SentinelSeed;
 use crate::topology::Deployment;
 
@@ -25,6 +21,7 @@ mod delifeq;
 mod down;
 mod in_flight;
 mod node;
+mod primary;
 mod run;
 mod verdict;
 
@@ -43,10 +40,6 @@ pub const RELEASE_TIMEOUT: Duration = Duration::from_secs(1);
 /// The detail text of the error every operation of a client fails with once
 /// [`LockClient::quit`](crate::LockClient::quit) closed it.
 pub(crate) const CLOSED_BY_QUIT: &str = "the LockClient was closed by LockClient::quit()";
-
-/// How long a release-like call waits for the shared connection on a replicated deployment
-/// before it runs on a dedicated connection instead (see [`Connection::run_on_primary`]).
-const SHARED_RELEASE_WAIT: Duration = Duration::from_millis(250);
 
 /// The error of an operation on a closed client: never retried (see [`crate::retry::classify`]).
 pub(crate) fn closed_error() -> Error {
@@ -92,6 +85,8 @@ pub(crate) struct Connection {
     errors: ConnectionErrors,
     /// Whether the node can hold locks, for a client that did not check at connect.
     node_check: NodeCheck,
+    /// When each node last answered the shared connection: busy, or frozen.
+    answers: primary::Answers,
 }
 
 impl Connection {
@@ -122,6 +117,7 @@ impl Connection {
             delifeq: std::sync::atomic::AtomicU8::new(DELIFEQ_UNKNOWN),
             closed: Arc::default(),
             node_check: NodeCheck::done(),
+            answers: primary::Answers::default(),
         }
     }
 
@@ -289,79 +285,6 @@ impl Connection {
         {
             task.abort();
         }
-    }
-
-    /// Runs a release-like call (no acknowledgement needed) on the current primary: on the
-    /// shared connection with a `ROLE` check on replicated deployments; when that node is no
-    /// longer the primary, is not `granted_by` (a demoted primary can still claim the role for
-    /// seconds) or answers READONLY, the shared connection is reconnected and the call runs
-    /// again on a dedicated connection, which reaches the current primary. So it does too when
-    /// the shared connection does not answer within [`SHARED_RELEASE_WAIT`] (a frozen old
-    /// primary, which Sentinel has replaced: the shared connection moves only on `READONLY` or a
-    /// `ROLE` mismatch, so it would hold every release for its whole bound there, and the key on
-    /// the new primary until its lease ended), and at once while the shared connection is down
-    /// (fred, reconnecting through Sentinel, asks a frozen Sentinel for the whole command
-    /// timeout, and without credentials never gets past it: the releases failed, and left their
-    /// keys until their leases ended), unless it `follows_shared`: the undoing of an attempt
-    /// sent on the shared connection, which fred may still hold and send once it reconnects,
-    /// must come after it there, or the attempt is granted after its undoing, with nobody left
-    /// to release it. With the reply, whether the call ran, or may
-    /// have run, once before it (on a node that was not `granted_by`, no longer the primary, or
-    /// that did not answer): a compare-and-delete sent again then finds its own earlier work.
-    pub(crate) async fn run_on_primary(
-        &self,
-        call: &ScriptCall<'_>,
-        deadline: Instant,
-        granted_by: Option<&Server>,
-        follows_shared: bool,
-    ) -> Result<(Value, bool), OpError> {
-        if !self.deployment.is_replicated() {
-            return self
-                .run_plain(call, deadline)
-                .await
-                .map(|value| (value, false));
-        }
-        // Releases measure nothing from when they were sent.
-        let mut sent = std::time::Instant::now();
-        if self.is_down() && !follows_shared {
-            // Reconnecting, through Sentinel maybe for long (fred asks the Sentinels in order, a
-            // frozen one for the whole command timeout): the current primary is reached on a
-            // dedicated connection (see `PrimaryRoute`), not waited for here.
-            return self
-                .run(call, true, deadline, None, None, &mut sent)
-                .await
-                .map(|(value, _, _)| (value, false));
-        }
-        let shared_deadline = deadline.min(Instant::now() + SHARED_RELEASE_WAIT);
-        let ran_before = match self
-            .run(call, false, shared_deadline, granted_by, None, &mut sent)
-            .await
-        {
-            Ok((value, Ack::Confirmed | Ack::Short { .. }, _)) => return Ok((value, false)),
-            // The script ran there: its answer is not trusted, but its work may be done.
-            Ok((_, Ack::NotPrimary(_), _)) => true,
-            Err(OpError::Failed(error)) if crate::retry::is_readonly(&error) => {
-                self.reconnect_shared();
-                false
-            }
-            // Unanswered in its share of the bound (a frozen node, or a connection that went
-            // down meanwhile and holds it until it reconnects): it may still run there.
-            Err(OpError::Failed(error))
-                if *error.kind() == fred::error::ErrorKind::Timeout
-                    && Instant::now() < deadline =>
-            {
-                if !self.is_down() {
-                    // One that is down reconnects on its own.
-                    tracing::debug!(%error, "the shared connection did not answer a release in time; reconnecting it");
-                    self.reconnect_shared();
-                }
-                true
-            }
-            Err(other) => return Err(other),
-        };
-        self.run(call, true, deadline, None, None, &mut sent)
-            .await
-            .map(|(value, _, _)| (value, ran_before))
     }
 }
 

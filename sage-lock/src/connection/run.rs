@@ -62,6 +62,7 @@ impl Connection {
             return match tokio::time::timeout_at(limit, checked).await {
                 Ok(result) => {
                     let node = serving_node(fred, call.slot);
+                    self.record_answer(&result, node.as_ref());
                     let judged = result
                         .map_err(|error| {
                             OpError::Failed(not_the_granter(error, node.as_ref(), granted_by))
