@@ -515,6 +515,19 @@ async fn operator_calls_wait_for_a_slot_migration() {
     }
 }
 
+/// A client for the holders of `cluster`, and one for the operator whose calls are bounded by
+/// `bound` (its command timeout).
+async fn holder_and_operator(cluster: &Cluster, bound: Duration) -> (LockClient, LockClient) {
+    let holders = cluster_client(cluster).await;
+    let operator = LockClient::builder()
+        .url(&cluster.url())
+        .command_timeout(bound)
+        .connect()
+        .await
+        .expect("connect");
+    (holders, operator)
+}
+
 /// A migration that outlasts an operator call's bound (the command timeout, 1 s here) ends the
 /// call with the server's answer and the retrying it did, not a claim that it still retries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -522,13 +535,7 @@ async fn an_operator_call_that_outlasts_a_migration_says_it_gave_up() {
     let bound = Duration::from_secs(1);
     for kind in ServerKind::ALL {
         let cluster = Arc::new(Cluster::start(kind));
-        let holders = cluster_client(&cluster).await;
-        let operator_client = LockClient::builder()
-            .url(&cluster.url())
-            .command_timeout(bound)
-            .connect()
-            .await
-            .expect("connect");
+        let (holders, operator_client) = holder_and_operator(&cluster, bound).await;
         let ns = "operator-gives-up";
         let locks = family(&holders, ns, Duration::from_secs(30));
         let operator = family(&operator_client, ns, Duration::from_secs(30));
@@ -599,13 +606,7 @@ async fn scan_never_leaves_out_a_lock_whose_slot_migrates() {
     let bound = Duration::from_secs(1);
     for kind in ServerKind::ALL {
         let cluster = Arc::new(Cluster::start(kind));
-        let holders_client = cluster_client(&cluster).await;
-        let operator_client = LockClient::builder()
-            .url(&cluster.url())
-            .command_timeout(bound)
-            .connect()
-            .await
-            .expect("connect");
+        let (holders_client, operator_client) = holder_and_operator(&cluster, bound).await;
         let ns = "scan-migrating";
         let locks = family(&holders_client, ns, Duration::from_secs(30));
         let operator = family(&operator_client, ns, Duration::from_secs(30));

@@ -523,19 +523,8 @@ async fn many_leases_renew_in_batches() {
             )
             .expect("opts");
         let held = 200;
-        let mut tasks = Vec::new();
-        for i in 0..held {
-            let locks = locks.clone();
-            tasks.push(tokio::spawn(async move {
-                locks
-                    .with_lock(
-                        &format!("k{i}"),
-                        Duration::from_secs(5),
-                        tokio::time::sleep(Duration::from_millis(1300)),
-                    )
-                    .await
-            }));
-        }
+        let end = tokio::time::Instant::now() + Duration::from_millis(1300);
+        let tasks = hold_until(&locks, held, end, Duration::ZERO).await;
         for task in tasks {
             task.await.expect("join").expect("held without loss");
         }
