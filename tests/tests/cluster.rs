@@ -987,15 +987,17 @@ async fn a_lock_migrated_away_survives_a_failover_of_its_first_node() {
     }
 }
 
-/// Connecting while one primary is down (before the cluster fails it over): the error says a
-/// cluster node did not accept the connection and that the client connects to every primary,
-/// rather than blaming the seed address, which is up (audit 36).
+/// Connecting while one primary is down, and stays down (its replica is down too, so the
+/// cluster cannot fail it over): the error says a cluster node did not accept the connection
+/// and that the client connects to every primary, rather than blaming the seed address, which
+/// is up (audit 36).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connect_with_a_primary_down_does_not_blame_the_seed() {
     let kind = ServerKind::Redis;
     let cluster = Cluster::start(kind);
     let seed = cluster.nodes[0].port();
     let down = cluster.nodes[1].port();
+    cluster.nodes[4].kill();
     cluster.nodes[1].kill();
     let result = LockClient::builder()
         .url(&format!("redis-cluster://127.0.0.1:{seed}"))
@@ -1011,6 +1013,52 @@ async fn a_connect_with_a_primary_down_does_not_blame_the_seed() {
         message.contains("every primary") && !message.contains("nothing accepts connections there"),
         "{kind}: {message}"
     );
+}
+
+/// A service started while a primary is down, before the cluster fails it over, connects once
+/// the failover is done, within its connect timeout, and locks a key of the failed primary's
+/// slots on the new one. Before, the connect failed at once ("a cluster node refused the
+/// connection"), however long its connect timeout: the service had to be restarted after the
+/// failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_with_a_primary_down_waits_for_its_failover() {
+    for kind in ServerKind::ALL {
+        let cluster = Cluster::start(kind);
+        let down = cluster.nodes[1].port();
+        // A key of the slots the killed primary served.
+        let key = (0..)
+            .map(|i| format!("k{i}"))
+            .find(|key| {
+                let slot =
+                    harness::key_slot(&LockClient::server_key("connect-failover", key.as_str()));
+                cluster.primary_for_slot(slot).port() == down
+            })
+            .expect("a key of every primary's slots");
+        cluster.nodes[1].kill();
+        let started = Instant::now();
+        let connected = LockClient::builder()
+            .url(&cluster.url())
+            .connect_timeout(Duration::from_secs(30))
+            .connect()
+            .await;
+        let took = started.elapsed();
+        let client = connected.unwrap_or_else(|error| {
+            panic!("{kind}: no connection {took:?} after primary {down} went down: {error}")
+        });
+        println!("{kind}: connected {took:?} after primary {down} went down");
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("connect-failover"))
+            .expect("opts");
+        let slot = harness::key_slot(&LockClient::server_key("connect-failover", key.as_str()));
+        locks
+            .with_lock(key.as_str(), Duration::from_secs(10), async {
+                let serving = cluster.primary_for_slot(slot).port();
+                assert_ne!(serving, down, "{kind}: locked, not failed over");
+            })
+            .await
+            .unwrap_or_else(|error| panic!("{kind}: lock {key}: {error}"));
+        client.quit().await;
+    }
 }
 
 /// Ten thousand holds whose bodies end together: their releases queue on the shared
