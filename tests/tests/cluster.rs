@@ -1001,7 +1001,7 @@ async fn a_connect_with_a_primary_down_does_not_blame_the_seed() {
     cluster.nodes[1].kill();
     let result = LockClient::builder()
         .url(&format!("redis-cluster://127.0.0.1:{seed}"))
-        .connect_timeout(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(1))
         .connect()
         .await;
     let Err(error) = result else {
@@ -1047,7 +1047,12 @@ async fn a_connect_with_a_primary_down_waits_for_its_failover() {
         });
         println!("{kind}: connected {took:?} after primary {down} went down");
         let locks: Locks<str> = client
-            .lock_with(LockOptions::new().namespace("connect-failover"))
+            .lock_with(
+                LockOptions::new()
+                    .namespace("connect-failover")
+                    // The promoted replica has none of its own.
+                    .replica_acknowledgement(false),
+            )
             .expect("opts");
         let slot = harness::key_slot(&LockClient::server_key("connect-failover", key.as_str()));
         locks
@@ -1057,6 +1062,66 @@ async fn a_connect_with_a_primary_down_waits_for_its_failover() {
             })
             .await
             .unwrap_or_else(|error| panic!("{kind}: lock {key}: {error}"));
+        client.quit().await;
+    }
+}
+
+/// A service started beside a cluster that is still being set up (a node without slots: its
+/// state is not ok) connects once the slots are assigned, within its connect timeout; with no
+/// slots assigned it fails after the connect timeout, naming the unusable slot map. Before, it
+/// failed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_to_a_cluster_being_set_up_waits_for_its_slots() {
+    for kind in ServerKind::ALL {
+        let node = harness::Server::launch(
+            harness::ServerConfig::new(kind)
+                .cluster(2_000)
+                .conf_line("cluster-announce-ip 127.0.0.1"),
+        );
+        let url = format!("redis-cluster://127.0.0.1:{}", node.port());
+        let started = Instant::now();
+        let unset = LockClient::builder()
+            .url(&url)
+            .connect_timeout(Duration::from_millis(1500))
+            .connect()
+            .await;
+        let took = started.elapsed();
+        let Err(error) = unset else {
+            panic!("{kind}: connected to a cluster without slots");
+        };
+        println!("{kind}: no slots: {error} after {took:?}");
+        assert!(
+            error.to_string().contains("no usable slot map") && took >= Duration::from_millis(1200),
+            "{kind}: after {took:?}: {error}"
+        );
+        let connecting = tokio::spawn({
+            let url = url.clone();
+            async move {
+                LockClient::builder()
+                    .url(&url)
+                    .connect_timeout(Duration::from_secs(20))
+                    .connect()
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        assert!(!connecting.is_finished(), "{kind}: {:?}", connecting.await);
+        node.cmd_ok(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
+        let client = connecting
+            .await
+            .expect("task")
+            .unwrap_or_else(|error| panic!("{kind}: slots assigned, no connection: {error}"));
+        let locks: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("connect-setup")
+                    .replica_acknowledgement(false),
+            )
+            .expect("opts");
+        locks
+            .with_lock("k", Duration::from_secs(5), async {})
+            .await
+            .unwrap_or_else(|error| panic!("{kind}: {error}"));
         client.quit().await;
     }
 }
