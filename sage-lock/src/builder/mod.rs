@@ -19,18 +19,11 @@ use crate::url::{describe, parse_url, redact};
 
 mod checks;
 mod fred_settings;
+mod refused;
 mod sentinel_probe;
 
 use checks::check_limits;
 use fred_settings::{AbortOnDrop, build_fred, first_connection};
-
-/// The hint of a refused connection to a cluster: the client connects to every primary the
-/// cluster lists, so the refusing node need not be one of the URL's addresses.
-const CLUSTER_NODE_REFUSED: &str = "a cluster node refused the connection: the client connects \
-     to every primary the cluster lists (CLUSTER SLOTS), not only to the URL's addresses, so a \
-     primary that is down fails the connect until the cluster fails it over \
-     (cluster-node-timeout); check CLUSTER NODES on a running node for a failed primary, and \
-     that the URL's addresses are the nodes' (host and port)";
 
 /// Default size of the dedicated connection pool; change it with
 /// [`LockClientBuilder::max_connections`] (as [`LockClientBuilder`]'s example does).
@@ -389,6 +382,9 @@ impl LockClientBuilder {
     /// handshake's commands are bounded by [`command_timeout`](LockClientBuilder::command_timeout)
     /// too: a server that accepts the connection but never answers fails after the shorter of
     /// the two, so raising this past the command timeout needs a longer command timeout too.
+    /// A cluster client, which connects to every primary the cluster lists, tries again within
+    /// this time while a primary refuses the connection (down, not failed over yet) or the
+    /// cluster's state is not ok, as long as one of the URL's addresses accepts connections.
     #[must_use]
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
@@ -459,67 +455,57 @@ impl LockClientBuilder {
         crate::runtime::ensure()
             .map_err(|e| LockError::backend(format!("could not connect to {target}"), e))?;
         let uses_tls = config.tls.is_some();
-        let database = config.database;
         let connect_deadline = tokio::time::Instant::now() + self.connect_timeout;
         // Through Sentinel, fred starts with the Sentinel that answered first (see there).
         let probe = self.connect_timeout.min(self.command_timeout) / 2;
         crate::sentinel::answering_sentinel_first(&mut config, tokio::time::Instant::now() + probe)
             .await;
-        let first_sentinel = sentinel_probe::first_sentinel(&config);
-        let sentinels = first_sentinel.is_some().then(|| config.clone());
-        let fred = build_fred(
-            config,
-            fred::types::config::ConnectionConfig::default(),
-            fred::types::config::PerformanceConfig::default(),
-            self.connect_timeout,
-            self.command_timeout,
-            &self.reconnect,
-        )
-        .map_err(|e| LockError::backend(format!("could not configure a client for {target}"), e))?;
-        // Aborted if this future is dropped before the client is made (the caller gave up):
-        // its connection closes then, not at the end of its handshake's timeout.
-        let mut task = AbortOnDrop(None);
-        let handle = task.0.insert(fred.connect());
-        let connected =
-            tokio::time::timeout_at(connect_deadline, first_connection(&fred, handle)).await;
-        let failure = match connected {
-            Ok(Ok(())) => None,
-            Ok(Err(error)) => Some(error),
-            Err(_) => Some(Error::new(
-                fred::error::ErrorKind::Timeout,
-                format!("no connection within {:?}", self.connect_timeout),
-            )),
+        let mut warned = false;
+        let (fred, task) = loop {
+            let fred = build_fred(
+                config.clone(),
+                fred::types::config::ConnectionConfig::default(),
+                fred::types::config::PerformanceConfig::default(),
+                self.connect_timeout,
+                self.command_timeout,
+                &self.reconnect,
+            )
+            .map_err(|e| {
+                LockError::backend(format!("could not configure a client for {target}"), e)
+            })?;
+            // Aborted if this future is dropped before the client is made (the caller gave
+            // up): its connection closes then, not at the end of its handshake's timeout.
+            let mut task = AbortOnDrop(None);
+            let handle = task.0.insert(fred.connect());
+            let error =
+                match tokio::time::timeout_at(connect_deadline, first_connection(&fred, handle))
+                    .await
+                {
+                    Ok(Ok(())) => break (fred, task),
+                    Ok(Err(error)) => error,
+                    Err(_) => Error::new(
+                        fred::error::ErrorKind::Timeout,
+                        format!("no connection within {:?}", self.connect_timeout),
+                    ),
+                };
+            // The task, ended or still in its handshake, is aborted here (a `quit` would wait
+            // for the handshake, bounded only by the command timeout, and log a warning if it
+            // ended).
+            drop(task);
+            if let Some(why) = refused::cluster_not_ready(&error, &config, connect_deadline).await {
+                if !std::mem::replace(&mut warned, true) {
+                    tracing::warn!(
+                        "connecting to {target}: {why}; trying again until the connect \
+                         timeout, while the URL's addresses accept connections: {error}"
+                    );
+                }
+                tokio::time::sleep(refused::RETRY_AFTER).await;
+                continue;
+            }
+            return Err(
+                refused::connect_error(error, &target, &config, deployment, uses_tls).await,
+            );
         };
-        if let Some(error) = failure {
-            // The task, ended or still in its handshake, is aborted as this returns (a `quit`
-            // would wait for the handshake, bounded only by the command timeout, and log a
-            // warning if it ended).
-            let mut hint = crate::url::connect_failure_hint(&error, database, uses_tls);
-            if deployment == Deployment::Cluster && hint.starts_with("nothing accepts connections")
-            {
-                // The refusal may come from any primary the cluster lists, not only the seeds.
-                hint = CLUSTER_NODE_REFUSED.to_owned();
-            }
-            let no_sentinel = error
-                .details()
-                .contains("Failed to connect to all sentinel nodes");
-            if let Some(alone) = first_sentinel
-                && no_sentinel
-                && let Some(said) = sentinel_probe::what_the_first_sentinel_said(alone).await
-            {
-                hint = format!("{hint}; {said}");
-            } else if let Some(sentinels) = sentinels
-                && !no_sentinel
-                && let Some(said) =
-                    sentinel_probe::what_the_primary_refused(&sentinels, &error).await
-            {
-                hint = format!("{said}: {hint}");
-            }
-            return Err(LockError::backend(
-                format!("could not connect to {target}: {hint}"),
-                error,
-            ));
-        }
         let mut delifeq = None;
         if deployment != Deployment::Cluster
             && let Ok(report) = crate::connection::wrong_node_problem(
