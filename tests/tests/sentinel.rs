@@ -392,3 +392,39 @@ async fn a_frozen_sentinel_does_not_stop_lock_calls() {
         }
     }
 }
+
+/// A service started through Sentinel while the primary is down, before the Sentinels fail it
+/// over, connects once they have, within its connect timeout, and locks on the new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_with_the_primary_down_waits_for_its_failover() {
+    for kind in ServerKind::ALL {
+        let setup = SentinelSetup::start(kind);
+        let down = setup.current_primary_port();
+        setup.current_primary().kill();
+        let started = Instant::now();
+        let connected = LockClient::builder()
+            .url(&setup.url())
+            .connect_timeout(Duration::from_secs(30))
+            .connect()
+            .await;
+        let took = started.elapsed();
+        let client = connected.unwrap_or_else(|error| {
+            panic!("{kind}: no connection {took:?} after primary {down} went down: {error}")
+        });
+        println!("{kind}: connected {took:?} after primary {down} went down");
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("connect-failover"))
+            .expect("opts");
+        locks
+            .with_lock("k", Duration::from_secs(10), async {
+                assert_ne!(
+                    setup.current_primary_port(),
+                    down,
+                    "{kind}: not failed over"
+                );
+            })
+            .await
+            .unwrap_or_else(|error| panic!("{kind}: lock: {error}"));
+        client.quit().await;
+    }
+}
