@@ -384,7 +384,8 @@ impl LockClientBuilder {
     /// the two, so raising this past the command timeout needs a longer command timeout too.
     /// A cluster client, which connects to every primary the cluster lists, tries again within
     /// this time while a primary refuses the connection (down, not failed over yet) or the
-    /// cluster's state is not ok, as long as one of the URL's addresses accepts connections.
+    /// cluster's state is not ok, as long as one of the URL's addresses accepts connections; so
+    /// does a client through Sentinel while the primary the Sentinels name refuses it.
     #[must_use]
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
@@ -492,7 +493,7 @@ impl LockClientBuilder {
             // for the handshake, bounded only by the command timeout, and log a warning if it
             // ended).
             drop(task);
-            if let Some(why) = refused::cluster_not_ready(&error, &config, connect_deadline).await {
+            if let Some(why) = refused::not_whole_yet(&error, &config, connect_deadline).await {
                 if !std::mem::replace(&mut warned, true) {
                     tracing::warn!(
                         "connecting to {target}: {why}; trying again until the connect \

@@ -1,6 +1,6 @@
-//! A first connection that failed: whether a cluster connect is worth trying again (a primary
-//! the cluster lists is down, before the cluster fails it over; a cluster state not ok yet),
-//! and the error that names why it failed.
+//! A first connection that failed: whether it is worth trying again (a primary down before the
+//! cluster or the Sentinels fail it over; a cluster state not ok yet), and the error that names
+//! why it failed.
 
 use std::time::Duration;
 
@@ -24,26 +24,38 @@ const CLUSTER_NODE_REFUSED: &str = "a cluster node refused the connection: the c
      URL's addresses accepts connections); check CLUSTER NODES on a running node for a failed \
      primary, and that the URL's addresses are the nodes' (host and port)";
 
-/// Why a failed first connection to the cluster of `config` is worth trying again before
-/// `deadline`, if it is: one of the URL's addresses accepts connections (the cluster is there)
-/// and either a node refused the connection (a primary the cluster lists is down, and the
-/// cluster may yet fail it over) or the node answered without a usable slot map (the cluster's
-/// state is not ok: failing over, or being set up). `None` for other deployments and failures,
-/// and when no address accepts connections (a wrong URL fails at once).
-pub(super) async fn cluster_not_ready(
+/// Why a failed first connection is worth trying again before `deadline`, if it is: one of
+/// the URL's addresses (cluster nodes, or Sentinels) accepts connections, so the deployment is
+/// there, and it is not whole yet. In a cluster a node refused the connection (a primary the
+/// cluster lists is down, and the cluster may yet fail it over) or the node answered without a
+/// usable slot map (the cluster's state is not ok: failing over, or being set up); through
+/// Sentinel the primary the Sentinels named refused it (down, and the Sentinels may yet fail it
+/// over). `None` for a single server and other failures, and when no address accepts
+/// connections (a wrong URL fails at once).
+pub(super) async fn not_whole_yet(
     error: &Error,
     config: &Config,
     deadline: Instant,
 ) -> Option<&'static str> {
-    let ServerConfig::Clustered { hosts, .. } = &config.server else {
-        return None;
-    };
-    let why = if is_refused(error) {
-        "a cluster node refused the connection (a primary down, not failed over yet?)"
-    } else if error.details().contains("Invalid or missing cluster state") {
-        "the cluster's state is not ok (failing over, or not set up yet?)"
-    } else {
-        return None;
+    let (why, hosts) = match &config.server {
+        ServerConfig::Clustered { hosts, .. } if is_refused(error) => (
+            "a cluster node refused the connection (a primary down, not failed over yet?)",
+            hosts,
+        ),
+        ServerConfig::Clustered { hosts, .. }
+            if error.details().contains("Invalid or missing cluster state") =>
+        {
+            (
+                "the cluster's state is not ok (failing over, or not set up yet?)",
+                hosts,
+            )
+        }
+        ServerConfig::Sentinel { hosts, .. } if is_refused(error) => (
+            "the primary the Sentinels name refused the connection (down, not failed over \
+             yet?)",
+            hosts,
+        ),
+        _ => return None,
     };
     if deadline.saturating_duration_since(Instant::now()) <= RETRY_AFTER {
         return None;
