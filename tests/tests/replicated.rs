@@ -1136,3 +1136,51 @@ async fn a_primary_with_replicas_behind_a_plain_url_is_warned_about() {
         }
     }
 }
+
+/// Acquisitions that end (a try's window, a wait, a cancelled call) while an operator's
+/// `CLIENT PAUSE ... WRITE` holds their attempt back leave the server running, and locks work
+/// once the pause ends. Before, the cleanup unblocked the attempt's connection with
+/// `CLIENT UNBLOCK`, meant for its `WAIT`; Redis 7 aborts on `CLIENT UNBLOCK` of a client
+/// postponed by a pause ("Unknown btype in replyToBlockedClientTimedOut"), so every lock and
+/// fencing counter on the server was lost (audit 51). Valkey 9 refuses such an unblock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquisitions_ending_during_a_write_pause_leave_the_server_up() {
+    for kind in ServerKind::ALL {
+        let setup = Replicated::start(kind, 1);
+        let client = connect_replicated(&setup).await;
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("write-pause"))
+            .expect("opts");
+        locks
+            .with_lock("warm", Duration::from_secs(2), async {})
+            .await
+            .expect("before the pause");
+        setup.primary.cmd_ok(&["CLIENT", "PAUSE", "2500", "WRITE"]);
+        let paused = Instant::now();
+        let tried = locks.try_with_lock("tried", async {}).await;
+        let waited = locks
+            .with_lock("waited", Duration::from_millis(600), async {})
+            .await;
+        let cancelled = tokio::time::timeout(
+            Duration::from_millis(300),
+            locks.with_lock("cancelled", Duration::from_secs(5), async {}),
+        )
+        .await;
+        println!("{kind}: during the pause: {tried:?}, {waited:?}, {cancelled:?}");
+        // Past the pause, and the cleanups' bound after it.
+        tokio::time::sleep(Duration::from_millis(2500 + 1500).saturating_sub(paused.elapsed()))
+            .await;
+        let alive = setup.primary.cmd(&["PING"]);
+        assert!(
+            alive.is_ok(),
+            "{kind}: the primary died after acquisitions ended during a write pause: {alive:?}"
+        );
+        for key in ["tried", "waited", "cancelled"] {
+            locks
+                .with_lock(key, Duration::from_secs(5), async {})
+                .await
+                .unwrap_or_else(|error| panic!("{kind}: {key} after the pause: {error}"));
+        }
+        client.quit().await;
+    }
+}
