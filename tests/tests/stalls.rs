@@ -118,3 +118,51 @@ async fn waiters_stalled_past_their_wait_time_out_busy() {
         client.quit().await;
     }
 }
+
+/// A waiter whose server stops answering after saying the lock is held (an operator's
+/// `CLIENT PAUSE ... WRITE` holds its attempts back) times out `Unavailable`, not `Busy`: its
+/// last attempt went unanswered for most of the wait. Before, it said "held by another owner
+/// ... for the whole wait" after 1.8 s of silence in a 2 s wait, and the metric counted
+/// contention where there was an outage (audit 51).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_server_stops_answering_times_out_unavailable() {
+    for kind in ServerKind::ALL {
+        let server = harness::Server::start(kind);
+        let options = LockOptions::new()
+            .namespace("stalls-server")
+            .lease(Duration::from_secs(1));
+        let (holding, waiting) = (
+            LockClient::connect(&server.url()).await.expect("connect"),
+            LockClient::connect(&server.url()).await.expect("connect"),
+        );
+        let holder: Locks<str> = holding.lock_with(options.clone()).expect("opts");
+        let waiter: Locks<str> = waiting.lock_with(options).expect("opts");
+        let held = tokio::spawn(async move {
+            holder
+                .with_lock("k", Duration::from_secs(2), async {
+                    tokio::time::sleep(Duration::from_secs(4)).await;
+                })
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let waited = tokio::spawn(async move {
+            waiter
+                .with_lock("k", Duration::from_secs(2), async {})
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        server.cmd_ok(&["CLIENT", "PAUSE", "2500", "WRITE"]);
+        let waited = waited.await.expect("task");
+        println!("{kind}: {waited:?}");
+        let Err(LockError::TimedOut { reason, .. }) = &waited else {
+            panic!("{kind}: expected a timeout, got {waited:?}");
+        };
+        assert!(
+            matches!(reason, TimeoutReason::Unavailable(_)),
+            "{kind}: the server answered nothing for most of the wait: {waited:?}"
+        );
+        let _ = held.await;
+        holding.quit().await;
+        waiting.quit().await;
+    }
+}
