@@ -422,7 +422,7 @@ async fn a_long_key_does_not_widen_the_table() {
 async fn operator_tools_under_an_acl_user() {
     const COMMANDS: &str = "-@all +evalsha +eval +get +set +del +exists +incr +pexpire \
 +pttl +pexpiretime +time +type +lindex +lpop +lpush +lrem +rpush +zadd +zcard +zcount +zrange +zrem \
-+zremrangebyscore +zscore +spublish +ssubscribe +sunsubscribe +ping +client|id +info +cluster|info +cluster|slots +role +wait +client|unblock +scan";
++zremrangebyscore +zscore +spublish +ssubscribe +sunsubscribe +ping +client|id +info +cluster|info +cluster|slots +role +wait +client|unblock +client|list +scan";
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
         .expect("README");
     assert!(readme.contains("`{a%3Ab:`"), "the README spells the prefix");

@@ -16,8 +16,9 @@ use crate::scripts::ScriptCall;
 /// A replica-acknowledged attempt in flight on a dedicated connection. Dropped before it settles
 /// (the caller was cancelled), it cleans up on the same connection: the acquisition's `cleanup`
 /// (its release) is sent after the attempt's own commands, so it can never overtake them, and
-/// a `WAIT` blocking the connection is unblocked (`CLIENT UNBLOCK` from the shared connection)
-/// instead of being waited out; then the connection is closed.
+/// a `WAIT` blocking the connection is unblocked (`CLIENT UNBLOCK` from the shared connection,
+/// once `CLIENT LIST` shows it in that `WAIT`) instead of being waited out; then the connection
+/// is closed.
 pub(super) struct InFlight {
     pub(super) loan: Option<Loan>,
     pub(super) cleanup: Option<ScriptCall<'static>>,
@@ -57,6 +58,14 @@ impl Drop for InFlight {
 
 /// Closes `loan` in the background after sending `cleanup` on it (see [`InFlight`]). With a
 /// `cleanup`, returns what resolves once it is through (or given up), before the close.
+///
+/// The cleanup is sent once a `PING` on the connection is answered, so once the attempt's own
+/// commands are through; until then a `WAIT` of the attempt that blocks the connection is
+/// unblocked, and only a `WAIT` (see [`blocked_in_wait`]): `CLIENT UNBLOCK` of a client that an
+/// operator's `CLIENT PAUSE ... WRITE` holds back aborts Redis 7 ("Unknown btype in
+/// replyToBlockedClientTimedOut"). The `PING`, never held back by a write pause, leaves
+/// nothing a pause could hold back on the connection once the `WAIT` began but the cleanup,
+/// which is sent only after the last `CLIENT UNBLOCK` was answered.
 fn abandon(
     loan: Loan,
     cleanup: Option<ScriptCall<'static>>,
@@ -69,41 +78,124 @@ fn abandon(
     let waits = cleanup.is_some();
     runtime.spawn(async move {
         if let Some(cleanup) = cleanup {
-            let release = tokio::time::timeout(
-                RELEASE_TIMEOUT * 2,
-                run_plain(
-                    &loan.conn,
-                    &cleanup,
-                    tokio::time::Instant::now() + RELEASE_TIMEOUT * 2,
-                ),
-            );
-            let unblock = async {
-                let Some(id) = loan.client_id() else {
-                    return std::future::pending().await;
-                };
+            let until = Instant::now() + RELEASE_TIMEOUT * 2;
+            let (through, mut through_yet) = tokio::sync::watch::channel(false);
+            let barrier = async {
+                let ping = loan.conn.ping::<Value>(None);
+                let _ = tokio::time::timeout_at(until, ping).await;
+                through.send_replace(true);
+            };
+            let shared = &shared;
+            let unblock = |id: i64| async move {
+                // Most attempts are through at once; a `WAIT` blocked on a replica is not.
+                let mut pause = Duration::from_millis(5);
                 loop {
-                    let command = fred::types::CustomCommand::new_static(
-                        "CLIENT",
-                        fred::types::ClusterHash::FirstKey,
-                        false,
-                    );
-                    let args = vec![Value::from("UNBLOCK"), Value::Integer(id)];
-                    let _ = tokio::time::timeout(
-                        Duration::from_secs(1),
-                        shared.custom::<Value, Value>(command, args),
-                    )
-                    .await;
-                    // Until the release is through: the WAIT may not have begun yet.
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    tokio::select! {
+                        _ = through_yet.wait_for(|through| *through) => return true,
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                    // The WAIT may not have begun yet: checked again after this pause.
+                    pause = Duration::from_millis(20);
+                    match blocked_in_wait(shared, id).await {
+                        Some(true) => {
+                            let command = fred::types::CustomCommand::new_static(
+                                "CLIENT",
+                                fred::types::ClusterHash::FirstKey,
+                                false,
+                            );
+                            let args = vec![Value::from("UNBLOCK"), Value::Integer(id)];
+                            let unblocked = tokio::time::timeout(
+                                Duration::from_secs(1),
+                                shared.custom::<Value, Value>(command, args),
+                            )
+                            .await;
+                            if unblocked.is_err() {
+                                // It may still reach the server, after the cleanup.
+                                return false;
+                            }
+                        }
+                        Some(false) => {}
+                        // Not granted: the WAIT ends at its own timeout.
+                        None => return true,
+                    }
                 }
             };
-            tokio::select! {
-                _ = release => {}
-                () = unblock => {}
+            let answered = match loan.client_id() {
+                Some(id) => tokio::join!(barrier, unblock(id)).1,
+                // A cluster connection (one per node): nothing to unblock, and a `PING` would
+                // go to any node.
+                None => true,
+            };
+            if answered {
+                let release = run_plain(&loan.conn, &cleanup, until);
+                let _ = tokio::time::timeout_at(until, release).await;
+            } else {
+                tracing::debug!(
+                    "a CLIENT UNBLOCK went unanswered; the cancelled attempt's cleanup is not \
+                     sent (its grant, if any, expires with its lease)"
+                );
             }
         }
         let _ = done.send(());
         loan.close().await;
     });
     waits.then_some(released)
+}
+
+/// Whether the client `id` is blocked in a `WAIT` (`CLIENT LIST ID`: flag `b`, command
+/// `wait`), and not in anything else, such as a command a `CLIENT PAUSE` holds back. `None`
+/// when `CLIENT LIST` is not granted (ACL; said once at `WARN`); `Some(false)` when it fails
+/// otherwise.
+async fn blocked_in_wait(shared: &Client, id: i64) -> Option<bool> {
+    static DENIED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let command =
+        fred::types::CustomCommand::new_static("CLIENT", fred::types::ClusterHash::FirstKey, false);
+    let args = vec![Value::from("LIST"), Value::from("ID"), Value::Integer(id)];
+    let listed = tokio::time::timeout(
+        Duration::from_secs(1),
+        shared.custom::<Value, Value>(command, args),
+    )
+    .await;
+    match listed {
+        Ok(Ok(line)) => Some(line.as_str().is_some_and(|line| in_wait(&line))),
+        Ok(Err(error)) if error.details().contains("NOPERM") => {
+            if !DENIED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(
+                    "CLIENT LIST is not granted to this user (ACL: add +client|list): a \
+                     cancelled acquisition's WAIT is waited out (at most half the command \
+                     timeout) instead of unblocked, and its connection held until then"
+                );
+            }
+            None
+        }
+        _ => Some(false),
+    }
+}
+
+/// Whether a `CLIENT LIST` line shows a client blocked (flag `b`) in `WAIT`.
+fn in_wait(line: &str) -> bool {
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|field| field.strip_prefix(name))
+            .unwrap_or_default()
+    };
+    field("flags=").contains('b') && field("cmd=").eq_ignore_ascii_case("wait")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_wait;
+
+    #[test]
+    fn only_a_client_blocked_in_wait_is_in_wait() {
+        let wait = "id=4 addr=127.0.0.1:60444 laddr=127.0.0.1:45999 fd=9 name= age=0 idle=0 \
+                    flags=b db=0 sub=0 psub=0 ssub=0 multi=-1 qbuf=0 events=r cmd=wait \
+                    user=default redir=-1 resp=2\n";
+        assert!(in_wait(wait));
+        // Held back by `CLIENT PAUSE ... WRITE`: blocked, in another command.
+        assert!(!in_wait(&wait.replace("cmd=wait", "cmd=evalsha")));
+        // Its WAIT over: no longer blocked.
+        assert!(!in_wait(&wait.replace("flags=b", "flags=N")));
+        assert!(!in_wait(""));
+    }
 }

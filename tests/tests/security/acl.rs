@@ -11,7 +11,7 @@ use sage_lock::{LockClient, LockOptions, Locks};
 /// whole rule, see [`readme_documents_the_tested_rule`]).
 pub const ACL_COMMANDS: &str = "-@all +evalsha +eval +get +set +del +exists +incr +pexpire \
 +pttl +pexpiretime +time +type +lindex +lpop +lpush +lrem +rpush +zadd +zcard +zcount +zrange +zrem \
-+zremrangebyscore +zscore +spublish +ssubscribe +sunsubscribe +ping +client|id +info +cluster|info +cluster|slots +cluster|nodes +role +wait +client|unblock +scan";
++zremrangebyscore +zscore +spublish +ssubscribe +sunsubscribe +ping +client|id +info +cluster|info +cluster|slots +cluster|nodes +role +wait +client|unblock +client|list +scan";
 
 /// The commands the README's rule for the Sentinels grants (fred sends the data nodes'
 /// credentials to the Sentinels too).
