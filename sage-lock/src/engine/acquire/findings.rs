@@ -5,6 +5,10 @@ use std::time::Duration;
 
 use crate::error::TimeoutReason;
 
+/// How long a last attempt cut by the deadline may have gone unanswered and the timeout still
+/// blame the holder ([`Findings::cut_unanswered`]).
+pub(super) const SILENT_AFTER: Duration = Duration::from_millis(250);
+
 /// The last answer (or failure) an acquisition's attempts got.
 #[derive(Debug, Default)]
 pub(super) struct Findings {
@@ -45,6 +49,20 @@ impl Findings {
             holder_pttl: u64::try_from(pttl_ms).ok().map(Duration::from_millis),
             ..Findings::default()
         };
+    }
+
+    /// The last attempt, after "busy" answers, was cut by the deadline unanswered after
+    /// `unanswered_for`: from [`SILENT_AFTER`] on, the server stopped answering (paused, frozen,
+    /// overloaded) for much of the wait, which the earlier "busy" does not explain, so the
+    /// timeout says so instead.
+    pub(super) fn cut_unanswered(&mut self, unanswered_for: Duration) {
+        if self.busy && unanswered_for >= SILENT_AFTER {
+            self.transient(format!(
+                "the last attempt got no answer in the {unanswered_for:.1?} before the wait ran \
+                 out, after answers that the lock was held (the server paused, frozen or \
+                 overloaded, or, on a replicated deployment, a replica not acknowledging)"
+            ));
+        }
     }
 
     /// The last grant's (acknowledged, required), when too few replicas acknowledged it.

@@ -471,6 +471,7 @@ async fn acquire_loop(
                             .stats
                             .record(&settings.metrics, Event::TransientRetry);
                     }
+                    found.cut_unanswered(sent.elapsed());
                     return Err(timed_out(&found, client));
                 }
                 if !sent_while_down {
