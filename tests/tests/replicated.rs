@@ -1184,3 +1184,50 @@ async fn acquisitions_ending_during_a_write_pause_leave_the_server_up() {
         client.quit().await;
     }
 }
+
+/// A primary at its `maxclients` limit refuses the dedicated connections replica-acknowledged
+/// calls need: the calls retry within their wait, as for any refused connection, and time out
+/// naming the limit; once the limit is raised, calls succeed. Before, they failed at once with
+/// `Backend("ERR max number of clients reached")`, counted nowhere (audit 51: 40 of 72 calls
+/// in 1-8 ms while the others went ahead on the connections already open).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_at_a_primary_full_of_clients_retry_within_their_wait() {
+    for kind in ServerKind::ALL {
+        let setup = Replicated::start(kind, 1);
+        let client = connect_replicated(&setup).await;
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("maxclients"))
+            .expect("opts");
+        // Opened before the limit: the connection that raises it again.
+        let mut admin = harness::RawConn::connect(setup.primary.port()).expect("connect");
+        let connected = harness::info_field(setup.primary.port(), "clients", "connected_clients")
+            .and_then(|n| n.parse::<u64>().ok())
+            .expect("connected_clients");
+        // The probe's own connection is closed again: exactly the clients connected now.
+        let limit = (connected - 1).to_string();
+        admin
+            .cmd(&["CONFIG", "SET", "maxclients", limit.as_str()])
+            .expect("CONFIG SET maxclients");
+        let started = Instant::now();
+        let full = locks
+            .with_lock("k", Duration::from_millis(800), async {})
+            .await;
+        let took = started.elapsed();
+        println!("{kind}: at maxclients {limit}: {full:?} after {took:?}");
+        let Err(LockError::TimedOut { reason, .. }) = &full else {
+            panic!("{kind}: expected a timeout within the wait, got {full:?} after {took:?}");
+        };
+        assert!(
+            reason.to_string().contains("maxclients") && took >= Duration::from_millis(700),
+            "{kind}: after {took:?}: {reason}"
+        );
+        admin
+            .cmd(&["CONFIG", "SET", "maxclients", "10000"])
+            .expect("CONFIG SET maxclients");
+        locks
+            .with_lock("k", Duration::from_secs(5), async {})
+            .await
+            .unwrap_or_else(|error| panic!("{kind}: after raising maxclients: {error}"));
+        client.quit().await;
+    }
+}
