@@ -72,7 +72,8 @@ pub(crate) fn classify(error: &Error) -> Failure {
                 || details.starts_with("Too many failed write attempts")
                 || details.starts_with("Invalid or missing CLUSTER SLOTS")
                 || details.starts_with("Invalid or missing cluster state")
-                || details.contains("connection");
+                || details.contains("connection")
+                || at_maxclients(error);
             // A script's `ASK`: it reached a key of a slot being migrated away that is no longer
             // on this node ("ERR Script attempted to access a non local key ..." on Redis, "ERR
             // Attempted to access a non local key ..." on Valkey). The attempt is retried (with
@@ -88,6 +89,27 @@ pub(crate) fn classify(error: &Error) -> Failure {
         _ => Failure::Permanent,
     }
 }
+
+/// True when the server refused a new connection because it is at its `maxclients` limit (a
+/// transient failure: connections close, the limit may be raised).
+pub(crate) fn at_maxclients(error: &Error) -> bool {
+    error.details().contains("max number of clients reached")
+}
+
+/// How a transient failure reads in a timeout: the error, and what to do about a server at its
+/// connection limit.
+pub(crate) fn transient_text(error: &Error) -> String {
+    if at_maxclients(error) {
+        format!("{error} ({AT_MAXCLIENTS})")
+    } else {
+        error.to_string()
+    }
+}
+
+/// What to do about a server that refuses connections at its `maxclients` limit.
+pub(crate) const AT_MAXCLIENTS: &str = "the server is at its maxclients limit: raise maxclients \
+     (CONFIG SET maxclients N), or open fewer connections (fewer clients, a smaller \
+     LockClientBuilder::max_connections)";
 
 /// True when the server refused a write because the node is a replica.
 pub(crate) fn is_readonly(error: &Error) -> bool {
@@ -191,6 +213,8 @@ mod tests {
             "CLUSTERDOWN The cluster is down",
             "CLUSTERDOWN Hash slot not served",
             "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+            // A new (dedicated) connection refused at the server's connection limit.
+            "ERR max number of clients reached",
             // A script that reached a key of a slot being migrated away which is no longer
             // here (an `ASK` for a script): chaos, cluster Redis, seed 1338, one acquisition
             // returned `Backend` with it.

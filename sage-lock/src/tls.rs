@@ -274,6 +274,8 @@ pub(crate) fn connect_hint(error: &Error, tls: bool) -> &'static str {
         "the peer closed the connection at once: check the port (is a Redis or Valkey server \
          listening on it?); a server that only accepts TLS there (tls-port, connect with \
          rediss://) also does this"
+    } else if mentions(&["max number of clients reached"]) {
+        crate::retry::AT_MAXCLIENTS
     } else if tls {
         "is the server running, reachable, and accepting TLS on this port (tls-port)? A \
          plaintext port does not answer a TLS handshake (the connection times out): use \

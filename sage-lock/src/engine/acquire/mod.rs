@@ -481,7 +481,7 @@ async fn acquire_loop(
                 }
                 tracing::debug!(%error, "transient failure while acquiring; retrying");
                 unanswered_before = true;
-                found.transient(error.to_string());
+                found.transient(crate::retry::transient_text(&error));
             }
             Err(OpError::PoolExhausted) => {
                 // Connections held by `WAIT`s the replicas leave unacknowledged (a replica down,
