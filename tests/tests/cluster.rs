@@ -1231,3 +1231,85 @@ async fn many_holds_ending_together_count_their_releases() {
         client.quit().await;
     }
 }
+
+/// A `with_locks` over two slots whose first key is taken away (force-unlocked) while it waits
+/// for the second counts that hold once, as a loss: once settled, `acquisitions == releases +
+/// release_failures + losses`. Before, the first slot's acquisition was counted and its
+/// give-back, finding the key gone, counted nothing (audit 50: 2 acquisitions, 1 release, 0
+/// losses for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_lost_while_with_locks_waits_counts_once() {
+    for kind in ServerKind::ALL {
+        let cluster = harness::shared_cluster(kind);
+        let namespace = format!("lost-waiting-{}", kind.name());
+        let slot = |key: &str| harness::key_slot(&LockClient::server_key(&namespace, key));
+        // `early` in a lower slot than `late`, on another primary: taken first.
+        let (early, late) = (0..)
+            .map(|i| (format!("e{i}"), format!("l{i}")))
+            .find(|(early, late)| {
+                slot(early) < slot(late)
+                    && cluster.primary_for_slot(slot(early)).port()
+                        != cluster.primary_for_slot(slot(late)).port()
+            })
+            .expect("two keys on two primaries");
+        let options = LockOptions::new()
+            .namespace(namespace.as_str())
+            .lease(Duration::from_secs(2));
+        let holding = LockClient::connect(&cluster.url()).await.expect("connect");
+        let waiting = LockClient::connect(&cluster.url()).await.expect("connect");
+        let holder: Locks<str> = holding.lock_with(options.clone()).expect("opts");
+        let waiter: Locks<str> = waiting.lock_with(options).expect("opts");
+        let held = tokio::spawn({
+            let (holder, late) = (holder.clone(), late.clone());
+            async move {
+                holder
+                    .with_lock(late.as_str(), Duration::from_secs(2), async {
+                        tokio::time::sleep(Duration::from_secs(3)).await;
+                    })
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let before = waiting.stats();
+        let both = tokio::spawn({
+            let (waiter, early, late) = (waiter.clone(), early.clone(), late.clone());
+            async move {
+                waiter
+                    .with_locks(
+                        &[early.as_str(), late.as_str()],
+                        Duration::from_secs(2),
+                        async {},
+                    )
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            holder
+                .force_unlock(early.as_str())
+                .await
+                .expect("force_unlock"),
+            "{kind}: {early} was not held while the call waited for {late}"
+        );
+        let both = both.await.expect("task");
+        println!("{kind}: {both:?}");
+        held.await.expect("task").expect("holder");
+        // Settled: the give-back runs in the background.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let after = waiting.stats();
+        let (acquired, released, failed, lost) = (
+            after.acquisitions - before.acquisitions,
+            after.releases - before.releases,
+            after.release_failures - before.release_failures,
+            after.losses - before.losses,
+        );
+        assert_eq!(
+            acquired,
+            released + failed + lost,
+            "{kind}: (acquisitions, releases, release_failures, losses) = \
+             ({acquired}, {released}, {failed}, {lost}) after {both:?}"
+        );
+        holding.quit().await;
+        waiting.quit().await;
+    }
+}
