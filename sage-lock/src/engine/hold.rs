@@ -254,7 +254,7 @@ impl Held {
             .into_iter()
             .filter_map(|mut held| {
                 held.stop_renewal();
-                let release = release_in_background(&held, None);
+                let release = release_in_background(&held, Some(After::GivenBack));
                 held.armed = false;
                 release
             })
@@ -355,7 +355,7 @@ impl Drop for Held {
                     "cancelled"
                 },
             });
-            if release_in_background(self, ended).is_some()
+            if release_in_background(self, ended.map(After::Ended)).is_some()
                 && let Some(ended) = ended
             {
                 self.metrics.held(ended.held);
@@ -370,6 +370,17 @@ impl Drop for Held {
 const ABANDON_WAIT: Duration = Duration::from_millis(20);
 
 /// How a hold whose body ran ended without its call's release.
+/// What a release in the background reports besides its own count.
+#[derive(Debug, Clone, Copy)]
+enum After {
+    /// The hold's call ended without releasing it (see [`Ended`]): a key found gone is a loss,
+    /// warned about.
+    Ended(Ended),
+    /// A unit given back before the body ran (see [`Held::give_back_all`]): a key found gone is
+    /// a loss, counted.
+    GivenBack,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Ended {
     /// From the grant to the drop.
@@ -384,7 +395,7 @@ struct Ended {
 /// loss.
 fn release_in_background(
     held: &Held,
-    report: Option<Ended>,
+    report: Option<After>,
 ) -> Option<tokio::task::JoinHandle<()>> {
     use tracing::instrument::WithSubscriber as _;
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -400,10 +411,11 @@ fn release_in_background(
                 let _releasing = releasing;
                 let released = release.run().await;
                 match (report, released) {
-                    (Some(ended), Released::NotOurs) => {
+                    (Some(After::Ended(ended)), Released::NotOurs) => {
                         release.lost_before_release(ended.held, ended.cause);
                     }
-                    (Some(ended), Released::Removed) => tracing::debug!(
+                    (Some(After::GivenBack), Released::NotOurs) => release.lost_given_back(),
+                    (Some(After::Ended(ended)), Released::Removed) => tracing::debug!(
                         key = %release.keys.display(),
                         namespace = %release.namespace,
                         held = ?ended.held,

@@ -283,6 +283,20 @@ impl Release {
         }
     }
 
+    /// A hold given back before its body ran (a unit of `with_locks`, beside a lost or busy
+    /// one) found its key no longer holding its token: lost while the call waited, counted as
+    /// a loss (unless counted already), so that the hold counts once. The call itself retries or
+    /// times out; no warning.
+    pub(super) fn lost_given_back(&self) {
+        self.count(Event::Loss);
+        tracing::debug!(
+            key = %self.keys.display(),
+            namespace = %self.namespace,
+            fencing_token = self.fence,
+            "a lock given back before its body ran was no longer held (lost while the call waited)"
+        );
+    }
+
     /// The body ran to its end (or its call was cancelled, or it panicked), but the key no
     /// longer held this hold's token: a loss, counted and warned about. `body`: how the body
     /// ended (`ended`, `cancelled`, `panicked`).
