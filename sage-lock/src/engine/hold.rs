@@ -74,7 +74,7 @@ pub(crate) async fn hold<F: Future>(
 /// How long after the end of the usable lease a loss must come to be put down to the process
 /// not running: renewals and the safety net act before that end, so a loss noticed well after
 /// it was noticed by a process that did not run in between.
-const STALL: Duration = Duration::from_millis(250);
+pub(super) const STALL: Duration = Duration::from_millis(250);
 
 /// `reason`, saying so when the loss of `lease` is noticed more than [`STALL`] after its usable
 /// end with renewals that failed: a holder stopped past its lease (`SIGSTOP`, a VM pause, a

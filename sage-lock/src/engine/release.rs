@@ -187,6 +187,33 @@ impl Release {
                 _ => break outcome,
             }
         };
+        let outcome = match outcome {
+            // The bound ran out while this process did not run (stopped, or its runtime's
+            // threads blocked): the answer may be waiting, unread. Sent again, with a bound of
+            // its own, the release finds its earlier work done (the key gone) or does it.
+            Err(error)
+                if went_unanswered(&error)
+                    && Instant::now().saturating_duration_since(deadline) > super::hold::STALL =>
+            {
+                tracing::debug!(
+                    late = ?Instant::now().saturating_duration_since(deadline),
+                    "the release's bound ran out while this process did not run; sending it again"
+                );
+                retried = true;
+                sent = std::time::Instant::now();
+                engine
+                    .conn
+                    .run_on_primary(
+                        &call,
+                        Instant::now() + RELEASE_TIMEOUT,
+                        granted_by,
+                        unanswered,
+                    )
+                    .await
+                    .and_then(|(reply, _)| Ok(parse_release(&reply)?))
+            }
+            other => other,
+        };
         if keep_for.is_none() {
             match outcome.as_ref().ok() {
                 // The next waiter is named (and maybe handed the lock): if it is ours, wake it now
