@@ -414,3 +414,42 @@ async fn an_uncontended_permit_counts_the_holders_once() {
         client.quit().await;
     }
 }
+
+/// A `DELIFEQ` cut by a lost connection (its client killed while a write pause held it back)
+/// does not turn this client's releases to the script for good: the next uncontended
+/// releases send `DELIFEQ` again. Before, any error from `DELIFEQ`, a transient one included,
+/// switched it off for the client's lifetime (audit 50).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delifeq_cut_by_a_lost_connection_is_sent_again() {
+    let server = Server::start(ServerKind::Valkey);
+    let client = LockClient::connect(&server.url()).await.expect("connect");
+    let locks = locks(&client, "fast-cut", Duration::from_secs(10));
+    locks
+        .with_lock("warm", Duration::from_secs(2), async {})
+        .await
+        .expect("warm-up");
+    let cut = locks.with_lock("cut", Duration::from_secs(2), async {
+        // The release's DELIFEQ is held back, then its connection killed.
+        server.cmd_ok(&["CLIENT", "PAUSE", "3000", "WRITE"]);
+        let port = server.port();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            let _ = harness::cmd(port, &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
+            std::thread::sleep(Duration::from_millis(100));
+            let _ = harness::cmd(port, &["CLIENT", "UNPAUSE"]);
+        });
+    });
+    let started = Instant::now();
+    let cut = cut.await;
+    println!("cut release: {cut:?} after {:?}", started.elapsed());
+    server.cmd_ok(&["CONFIG", "RESETSTAT"]);
+    for i in 0..5 {
+        locks
+            .with_lock(&format!("k{i}"), Duration::from_secs(5), async {})
+            .await
+            .expect("uncontended cycle");
+    }
+    let delifeq = commandstats_calls(server.port(), "delifeq");
+    assert_eq!(delifeq, 5, "valkey: DELIFEQ after a cut one");
+    client.quit().await;
+}
