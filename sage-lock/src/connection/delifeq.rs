@@ -69,10 +69,15 @@ impl Connection {
         let delifeq = Box::pin(async move { fred.custom::<Value, Value>(command, args).await });
         match tokio::time::timeout_at(deadline, delifeq).await {
             Ok(Ok(reply)) => reply.as_i64().map(|deleted| deleted == 1),
-            Ok(Err(error)) => {
+            Ok(Err(error)) if crate::retry::classify(&error) == Failure::Permanent => {
                 // Denied by an ACL (or otherwise refused): stop trying; the script works.
                 tracing::debug!(%error, "DELIFEQ failed; releases use the script from now on");
                 self.delifeq.store(DELIFEQ_ABSENT, Ordering::Release);
+                None
+            }
+            // A lost connection, a server busy or loading: the next release sends it again.
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "DELIFEQ failed on the way");
                 None
             }
             Err(_) => None,
