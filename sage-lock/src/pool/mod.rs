@@ -52,10 +52,17 @@ pub(crate) enum PoolError {
 /// A new dedicated connection that did not connect within the `waited` left before the
 /// caller's deadline: the deadline ran out ([`DEADLINE_REACHED`]), whatever the server.
 fn connect_timeout(waited: Duration) -> fred::error::Error {
-    fred::error::Error::new(
-        fred::error::ErrorKind::Timeout,
-        format!("{DEADLINE_REACHED}: a new dedicated connection did not connect within {waited:?}"),
-    )
+    let details = if waited.is_zero() {
+        // Nothing to do with the server: the time ran out before the connection was opened
+        // (a long wait for a free slot, or a process that did not run meanwhile).
+        format!(
+            "{DEADLINE_REACHED}: no time was left to open a new dedicated connection (the wait \
+             for a free one, or a pause of this process, took it all)"
+        )
+    } else {
+        format!("{DEADLINE_REACHED}: a new dedicated connection did not connect within {waited:?}")
+    };
+    fred::error::Error::new(fred::error::ErrorKind::Timeout, details)
 }
 
 /// Whether the node `conn` reaches answers `ROLE` as anything but a primary before `deadline`
@@ -445,6 +452,13 @@ mod tests {
                 error
                     .details()
                     .starts_with(crate::connection::DEADLINE_REACHED),
+                "{budget:?}: {error}"
+            );
+            // No budget at all: not a server that was slow to connect (audit 50 read "did not
+            // connect within 0ns" after a pause of the process).
+            assert_eq!(
+                budget.is_zero(),
+                error.details().contains("no time was left"),
                 "{budget:?}: {error}"
             );
         }
