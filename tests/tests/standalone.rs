@@ -1338,3 +1338,40 @@ async fn a_hold_lost_to_a_killed_server_names_the_cause() {
         client.quit().await;
     }
 }
+
+/// A server out of memory (`maxmemory` reached, `noeviction`) refuses acquisitions with an
+/// error naming the limit and the fix, not only the server's "OOM command not allowed", and
+/// grants again once memory is available (audit 51: the OOM error named no fix, unlike the
+/// ACL and credential errors).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_refused_out_of_memory_names_the_fix() {
+    for kind in ServerKind::ALL {
+        let server = harness::Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("oom"))
+            .expect("opts");
+        locks
+            .with_lock("warm", Duration::from_secs(2), async {})
+            .await
+            .expect("warm");
+        server.cmd_ok(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+        server.cmd_ok(&["CONFIG", "SET", "maxmemory", "1"]);
+        let refused = locks.with_lock("k", Duration::from_secs(2), async {}).await;
+        println!("{kind}: {refused:?}");
+        let Err(error @ LockError::Backend { .. }) = &refused else {
+            panic!("{kind}: expected a Backend error, got {refused:?}");
+        };
+        let text = error.to_string();
+        assert!(
+            text.contains("OOM") && text.contains("raise maxmemory"),
+            "{kind}: {text}"
+        );
+        server.cmd_ok(&["CONFIG", "SET", "maxmemory", "0"]);
+        locks
+            .with_lock("k", Duration::from_secs(2), async {})
+            .await
+            .unwrap_or_else(|error| panic!("{kind}: after raising maxmemory: {error}"));
+        client.quit().await;
+    }
+}
