@@ -111,6 +111,14 @@ pub(crate) const AT_MAXCLIENTS: &str = "the server is at its maxclients limit: r
      (CONFIG SET maxclients N), or open fewer connections (fewer clients, a smaller \
      LockClientBuilder::max_connections)";
 
+/// What to do about a write the server refused for want of memory (`OOM`), if it was that.
+pub(crate) fn out_of_memory_hint(error: &Error) -> Option<&'static str> {
+    error.details().trim_start().starts_with("OOM").then_some(
+        "the server reached maxmemory and, with maxmemory-policy noeviction, refuses writes: \
+         free memory or raise maxmemory (see the README on maxmemory-policy)",
+    )
+}
+
 /// True when the server refused a write because the node is a replica.
 pub(crate) fn is_readonly(error: &Error) -> bool {
     error.details().trim_start().starts_with("READONLY")

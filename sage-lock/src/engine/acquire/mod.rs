@@ -187,6 +187,7 @@ pub(crate) async fn acquire(
                 return Err(another_type(keys, namespace));
             }
             let hint = crate::acl::denial_hint(&error, Some(namespace.as_ref()))
+                .or_else(|| crate::retry::out_of_memory_hint(&error).map(str::to_owned))
                 .map(|hint| format!(" ({hint})"))
                 .unwrap_or_default();
             Err(LockError::backend(
