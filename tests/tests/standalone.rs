@@ -1375,3 +1375,52 @@ async fn an_acquisition_refused_out_of_memory_names_the_fix() {
         client.quit().await;
     }
 }
+
+/// A release the server refuses for its whole bound (`BUSY`: another client's script runs past
+/// `busy-reply-threshold`) counts as a release failure whose warning quotes the refusal, not
+/// "no reply before the deadline" (audit 51: the server had answered `BUSY` to every attempt).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_refused_busy_quotes_the_refusal() {
+    use tracing::instrument::WithSubscriber as _;
+    for kind in ServerKind::ALL {
+        let server = harness::Server::start(kind);
+        server.cmd_ok(&["CONFIG", "SET", "busy-reply-threshold", "100"]);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("busy-release")
+                    .lease(Duration::from_secs(20)),
+            )
+            .expect("opts");
+        let captured = harness::Captured::default();
+        let port = server.port();
+        let before = client.stats();
+        locks
+            .with_lock("k", Duration::from_secs(2), async {
+                // Another client's script keeps the server busy for 2.5 s.
+                std::thread::spawn(move || {
+                    let script = "local t = tonumber(redis.call('TIME')[1]) \
+                                  while tonumber(redis.call('TIME')[1]) - t < 3 do end return 1";
+                    let _ =
+                        harness::cmd_timeout(port, &["EVAL", script, "0"], Duration::from_secs(10));
+                });
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            })
+            .with_subscriber(captured.warn_subscriber())
+            .await
+            .expect("with_lock");
+        let after = client.stats();
+        let text = captured.text();
+        println!("{kind}: {text}");
+        assert_eq!(
+            after.release_failures - before.release_failures,
+            1,
+            "{kind}: {after:?}"
+        );
+        assert!(text.contains("BUSY"), "{kind}: {text}");
+        // The script ends within 3 s.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        client.quit().await;
+    }
+}
