@@ -162,6 +162,9 @@ impl Release {
         // No grant this release makes is older than this (real clock).
         let mut sent = std::time::Instant::now();
         let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(100));
+        // The last refusal the server answered (BUSY, LOADING, ...), for the warning when the
+        // bound runs out after it.
+        let mut refused: Option<String> = None;
         let outcome = loop {
             let outcome = engine
                 .conn
@@ -180,6 +183,9 @@ impl Release {
                     if classify(error) == Failure::Transient && !left.is_zero() =>
                 {
                     tracing::debug!(%error, "release failed on the way; trying again");
+                    if is_server_refusal(error) {
+                        refused = Some(error.to_string());
+                    }
                     retried = true;
                     tokio::time::sleep(backoff.next_delay(left)).await;
                     sent = std::time::Instant::now();
@@ -260,10 +266,20 @@ impl Release {
                     tracing::debug!("release not sent: the client was closed (LockClient::quit())");
                     return Released::Unsettled;
                 }
-                let unanswered_now = went_unanswered(&error);
+                // Refused (BUSY, LOADING, ...) until the bound cut the last attempt: a failure
+                // the refusal explains, not an unanswered release.
+                let refused = refused.filter(|_| went_unanswered(&error));
+                let unanswered_now = went_unanswered(&error) && refused.is_none();
                 let (error, hint) = match &error {
                     OpError::Failed(error) => {
-                        (error.to_string(), crate::acl::denial_hint(error, None))
+                        let text = match &refused {
+                            Some(refusal) => format!(
+                                "refused by the server until the {RELEASE_TIMEOUT:?} bound ran \
+                                 out: {refusal}"
+                            ),
+                            None => error.to_string(),
+                        };
+                        (text, crate::acl::denial_hint(error, None))
                     }
                     OpError::PoolExhausted => {
                         ("no dedicated connection came free".to_owned(), None)
@@ -341,6 +357,16 @@ impl Release {
              writes made after that)"
         );
     }
+}
+
+/// Whether `error` is the server's own refusal (an error reply such as `BUSY` or `LOADING`),
+/// not a lost connection or a timeout.
+fn is_server_refusal(error: &fred::error::Error) -> bool {
+    use fred::error::ErrorKind;
+    !matches!(
+        error.kind(),
+        ErrorKind::IO | ErrorKind::Timeout | ErrorKind::Canceled
+    ) && !crate::connection::is_closed_error(error)
 }
 
 /// Whether a release failed for want of an answer (a transient failure: not sent, or not
