@@ -719,3 +719,46 @@ async fn scan_never_leaves_out_a_lock_whose_slot_migrates() {
         holders_client.quit().await;
     }
 }
+
+/// The operator tools, called while the client's connection is down and cannot come back (the
+/// server now requires a password the URL lacks), name why: the connection's last error, as
+/// a lock call's `TimedOut(Unavailable)` does, not only fred's "Request timed out" after the
+/// command timeout (audit 51).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tools_name_why_the_connection_is_down() {
+    for kind in ServerKind::ALL {
+        let server = harness::Server::start(kind);
+        let client = LockClient::builder()
+            .url(&server.url())
+            .command_timeout(Duration::from_secs(1))
+            .connect()
+            .await
+            .expect("connect");
+        let locks = family(&client, "tools-down", Duration::from_secs(5));
+        locks.scan().await.expect("scan before");
+        let mut admin = harness::RawConn::connect(server.port()).expect("connect");
+        admin
+            .cmd(&["CONFIG", "SET", "requirepass", "sesame"])
+            .expect("requirepass");
+        admin
+            .cmd(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"])
+            .expect("kill");
+        // Its reconnections are refused from now on.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let scanned = locks.scan().await;
+        let holder = locks.holder("k").await;
+        println!("{kind}: {scanned:?}\n{holder:?}");
+        for (tool, error) in [("scan", scanned.err()), ("holder", holder.err())] {
+            let text = error.map(|error| error.to_string()).unwrap_or_default();
+            assert!(
+                text.contains("NOAUTH") || text.contains("password"),
+                "{kind}: {tool}: {text}"
+            );
+        }
+        admin
+            .cmd(&["AUTH", "sesame"])
+            .and_then(|_| admin.cmd(&["CONFIG", "SET", "requirepass", ""]))
+            .expect("requirepass off");
+        client.quit().await;
+    }
+}
