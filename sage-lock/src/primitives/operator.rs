@@ -132,9 +132,20 @@ fn parse_inspect(reply: &Value) -> Result<Inspected, Error> {
 impl<K: ?Sized> Locks<K> {
     /// A `Backend` error for `error`, with the grant that fixes an ACL denial.
     fn backend(&self, context: String, error: Error) -> LockError {
-        match crate::acl::denial_hint(&error, Some(&*self.settings.namespace)) {
-            Some(hint) => LockError::backend(format!("{context} ({hint})"), error),
-            None => LockError::backend(context, error),
+        if let Some(hint) = crate::acl::denial_hint(&error, Some(&*self.settings.namespace)) {
+            return LockError::backend(format!("{context} ({hint})"), error);
+        }
+        // Unanswered while the connection is down: its last error says why (refused
+        // credentials, a server at its client limit), as a lock call's timeout does.
+        let unanswered = matches!(
+            error.kind(),
+            ErrorKind::Timeout | ErrorKind::IO | ErrorKind::Canceled
+        );
+        match self.engine.conn.why_down() {
+            Some(why) if unanswered && !error.details().contains(&why) => {
+                LockError::backend(format!("{context} (the connection is down: {why})"), error)
+            }
+            _ => LockError::backend(context, error),
         }
     }
 
