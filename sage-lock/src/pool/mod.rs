@@ -276,10 +276,30 @@ impl DedicatedPool {
                 unanswered: None,
             };
             let connect_time = remaining(deadline);
+            // The task's end is watched too: a connection that fails at once (a server at its
+            // client limit) can end it before `wait_for_connect` subscribes, which would then
+            // wait out the whole deadline without its error.
+            let task_ended = async {
+                match loan.link.as_mut().and_then(|link| link.task.as_mut()) {
+                    Some(task) => match task.await {
+                        Ok(Err(error)) => error,
+                        Ok(Ok(())) => fred::error::Error::new(
+                            fred::error::ErrorKind::Canceled,
+                            "the connection closed",
+                        ),
+                        Err(join) => fred::error::Error::new(
+                            fred::error::ErrorKind::Unknown,
+                            join.to_string(),
+                        ),
+                    },
+                    None => std::future::pending().await,
+                }
+            };
             let connected = tokio::select! {
                 connected = tokio::time::timeout(connect_time, loan.conn.wait_for_connect()) => {
                     connected
                 }
+                error = task_ended => Ok(Err(error)),
                 // Dropped, the loan closes the connection.
                 () = self.closed() => return Err(PoolError::Closed),
             };
