@@ -241,3 +241,45 @@ async fn a_release_answered_while_the_process_stalled_counts_as_a_release() {
         client.quit().await;
     }
 }
+
+/// A hold lost because its renewal went unanswered (the server frozen by `SIGSTOP`) counts a
+/// renewal failure as well as the loss: a dashboard on `renewal_failures` sees the renewals
+/// failing. Before, a renewal still in flight when the usable lease ran out counted nothing:
+/// audit 52 saw 24 losses "no renewal completed in time" with `renewal_failures` at 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_unanswered_until_the_loss_counts_as_failed() {
+    for kind in ServerKind::ALL {
+        let server = harness::Server::start(kind);
+        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("stalls-renewal")
+                    .lease(Duration::from_secs(1)),
+            )
+            .expect("opts");
+        let before = client.stats();
+        let held = locks
+            .with_lock("k", Duration::from_secs(2), async {
+                server.pause();
+                tokio::time::sleep(Duration::from_secs(3)).await;
+            })
+            .await;
+        server.resume();
+        let after = client.stats();
+        println!("{kind}: {held:?}: {after:?}");
+        assert!(
+            matches!(held, Err(LockError::LockLost { .. })),
+            "{kind}: {held:?}"
+        );
+        assert_eq!(
+            (
+                after.losses - before.losses,
+                after.renewal_failures - before.renewal_failures
+            ),
+            (1, 1),
+            "{kind}: (losses, renewal_failures): {after:?}"
+        );
+        client.quit().await;
+    }
+}
