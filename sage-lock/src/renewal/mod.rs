@@ -114,14 +114,17 @@ pub(crate) struct Registration {
 }
 
 impl Registration {
-    /// Stops renewal and returns what the renewer last saw go wrong.
+    /// Stops renewal and returns what the renewer last saw go wrong. With nothing seen (a
+    /// renewal unanswered when the usable lease ran out, or none sent in time), that counts as
+    /// a failed renewal too, as an answered failure does.
     pub(crate) fn into_loss(self) -> LossReason {
         let Some(renewer) = self.renewer.upgrade() else {
             return LossReason::RenewalFailed(NO_RENEWAL.into());
         };
-        renewer
-            .last_problem(self.id)
-            .unwrap_or_else(|| unrenewed(&renewer.conn))
+        renewer.last_problem(self.id).unwrap_or_else(|| {
+            renewer.count_unanswered(self.id);
+            unrenewed(&renewer.conn)
+        })
     }
 }
 
@@ -248,6 +251,17 @@ impl Shared {
             .entries
             .get(&id)
             .and_then(|entry| entry.last_problem.clone())
+    }
+
+    /// Counts a renewal failure for the lease `id`, whose renewal went unanswered.
+    fn count_unanswered(&self, id: u64) {
+        let metrics = lock(&self.state)
+            .entries
+            .get(&id)
+            .map(|entry| Arc::clone(&entry.renewal.metrics));
+        if let Some(metrics) = metrics {
+            self.conn.stats.record(&metrics, Event::RenewalFailure);
+        }
     }
 
     fn forget(&self, id: u64) {
