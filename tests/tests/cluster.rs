@@ -1035,17 +1035,7 @@ async fn a_connect_with_a_primary_down_waits_for_its_failover() {
             })
             .expect("a key of every primary's slots");
         cluster.nodes[1].kill();
-        let started = Instant::now();
-        let connected = LockClient::builder()
-            .url(&cluster.url())
-            .connect_timeout(Duration::from_secs(30))
-            .connect()
-            .await;
-        let took = started.elapsed();
-        let client = connected.unwrap_or_else(|error| {
-            panic!("{kind}: no connection {took:?} after primary {down} went down: {error}")
-        });
-        println!("{kind}: connected {took:?} after primary {down} went down");
+        let client = common::connect_through_failover(kind, &cluster.url(), down).await;
         let locks: Locks<str> = client
             .lock_with(
                 LockOptions::new()

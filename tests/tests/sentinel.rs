@@ -401,17 +401,7 @@ async fn a_connect_with_the_primary_down_waits_for_its_failover() {
         let setup = SentinelSetup::start(kind);
         let down = setup.current_primary_port();
         setup.current_primary().kill();
-        let started = Instant::now();
-        let connected = LockClient::builder()
-            .url(&setup.url())
-            .connect_timeout(Duration::from_secs(30))
-            .connect()
-            .await;
-        let took = started.elapsed();
-        let client = connected.unwrap_or_else(|error| {
-            panic!("{kind}: no connection {took:?} after primary {down} went down: {error}")
-        });
-        println!("{kind}: connected {took:?} after primary {down} went down");
+        let client = common::connect_through_failover(kind, &setup.url(), down).await;
         let locks: Locks<str> = client
             .lock_with(LockOptions::new().namespace("connect-failover"))
             .expect("opts");

@@ -155,6 +155,26 @@ impl Target {
     }
 }
 
+/// Connects to `url` with a 30 s connect timeout, right after the primary on port `down` went
+/// down (before its failover), and prints how long the connect took: it waits for the failover.
+///
+/// # Panics
+/// When no connection comes within the connect timeout.
+pub async fn connect_through_failover(kind: ServerKind, url: &str, down: u16) -> LockClient {
+    let started = Instant::now();
+    let connected = LockClient::builder()
+        .url(url)
+        .connect_timeout(Duration::from_secs(30))
+        .connect()
+        .await;
+    let took = started.elapsed();
+    let client = connected.unwrap_or_else(|error| {
+        panic!("{kind}: no connection {took:?} after primary {down} went down: {error}")
+    });
+    println!("{kind}: connected {took:?} after primary {down} went down");
+    client
+}
+
 /// Sets `key` to `value` from outside (a raw command through the client's fred connection).
 /// A `LockClient` made by `from_fred` from a fred client with the plain (single-server)
 /// configuration of `url`, and its lock family in `namespace`.
