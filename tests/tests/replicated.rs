@@ -1239,3 +1239,101 @@ async fn calls_at_a_primary_full_of_clients_retry_within_their_wait() {
         client.quit().await;
     }
 }
+
+/// At long round trips, waits too short for one (cut at their deadline before any answer) cost
+/// the other holds nothing: holds renewing beside a loop of such waits keep their locks, and
+/// the pool keeps its connections. Audit 52 (200 ms round trips through a proxy): every cut
+/// attempt closed its connection and dropped every idle one with it (a failover might be under
+/// way), so renewals opened connections again and again: 24 of 27 holds lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_shorter_than_a_round_trip_leave_the_other_holds_alone() {
+    use harness::chaos::proxy::{Mode, Proxy};
+    const HOLDS: usize = 4;
+    const WAITERS: usize = 4;
+    for kind in ServerKind::ALL {
+        let setup = harness::shared_replicated(kind);
+        let proxy = Proxy::start(setup.primary.port()).expect("proxy");
+        let client = LockClient::builder()
+            .url(&format!("redis://127.0.0.1:{}", proxy.port()))
+            .replicated(true)
+            .connect()
+            .await
+            .expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(
+                LockOptions::new()
+                    .namespace("short-waits-far")
+                    .lease(Duration::from_millis(1500)),
+            )
+            .expect("options");
+        let (release, released) = tokio::sync::watch::channel(false);
+        let (held_tx, mut held) = tokio::sync::mpsc::channel::<()>(HOLDS + 1);
+        let holders: Vec<_> = (0..=HOLDS)
+            .map(|i| {
+                let (locks, held_tx, mut released) =
+                    (locks.clone(), held_tx.clone(), released.clone());
+                tokio::spawn(async move {
+                    locks
+                        .with_lock(&format!("h{i}"), Duration::from_secs(5), async move {
+                            let _ = held_tx.send(()).await;
+                            let _ = released.wait_for(|go| *go).await;
+                        })
+                        .await
+                })
+            })
+            .collect();
+        for _ in 0..=HOLDS {
+            held.recv().await.expect("a holder acquired");
+        }
+        let port = setup.primary.port();
+        let connections = || -> u64 {
+            harness::info_field(port, "stats", "total_connections_received")
+                .and_then(|n| n.parse().ok())
+                .expect("total_connections_received")
+        };
+        // 200 ms round trips: a 100 ms wait is cut before its attempt is answered.
+        proxy.set_mode(Mode::Latency(Duration::from_millis(100)));
+        let before = connections();
+        let until = Instant::now() + Duration::from_secs(7);
+        let waiters: Vec<_> = (0..WAITERS)
+            .map(|_| {
+                let locks = locks.clone();
+                tokio::spawn(async move {
+                    let mut waits = 0_u64;
+                    while Instant::now() < until {
+                        // `h0` is held for the whole test.
+                        let outcome = locks
+                            .with_lock("h0", Duration::from_millis(100), async {})
+                            .await;
+                        assert!(
+                            matches!(outcome, Err(LockError::TimedOut { .. })),
+                            "{outcome:?}"
+                        );
+                        waits += 1;
+                    }
+                    waits
+                })
+            })
+            .collect();
+        let mut waits = 0;
+        for waiter in waiters {
+            waits += waiter.await.expect("waiter");
+        }
+        let opened = connections().saturating_sub(before);
+        release.send_replace(true);
+        let lost = losses(holders).await;
+        println!(
+            "{kind}: {waits} cut waits opened {opened} connections; {} of {} holds lost: {:?}",
+            lost.len(),
+            HOLDS + 1,
+            lost.first()
+        );
+        proxy.set_mode(Mode::Normal);
+        client.quit().await;
+        assert!(lost.is_empty(), "{kind}: holds lost: {:?}", lost.first());
+        assert!(
+            opened <= waits / 4,
+            "{kind}: {waits} cut waits opened {opened} new connections"
+        );
+    }
+}
