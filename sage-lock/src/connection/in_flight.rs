@@ -1,16 +1,19 @@
 //! A replica-acknowledged attempt in flight on a dedicated connection, and how a cancelled one
 //! is cleaned up on that same connection.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use fred::clients::Client;
 use fred::interfaces::ClientLike;
 use fred::types::Value;
+use fred::types::config::Server;
 use tokio::time::Instant;
 
 use super::RELEASE_TIMEOUT;
+use super::primary::Answers;
 use super::run::run_plain;
-use crate::pool::Loan;
+use crate::pool::{DedicatedPool, Loan};
 use crate::scripts::ScriptCall;
 
 /// A replica-acknowledged attempt in flight on a dedicated connection. Dropped before it settles
@@ -18,11 +21,14 @@ use crate::scripts::ScriptCall;
 /// (its release) is sent after the attempt's own commands, so it can never overtake them, and
 /// a `WAIT` blocking the connection is unblocked (`CLIENT UNBLOCK` from the shared connection,
 /// once `CLIENT LIST` shows it in that `WAIT`) instead of being waited out; then the connection
-/// is closed.
+/// goes back to `pool` once the cleanup is answered (nothing of the attempt is left on it, and
+/// `answers` records that its node answered), and is closed otherwise.
 pub(super) struct InFlight {
     pub(super) loan: Option<Loan>,
     pub(super) cleanup: Option<ScriptCall<'static>>,
     pub(super) shared: Client,
+    pub(super) pool: Arc<DedicatedPool>,
+    pub(super) answers: (Arc<Answers>, Option<Server>),
 }
 
 impl InFlight {
@@ -40,7 +46,12 @@ impl InFlight {
         let Some(loan) = self.loan.take() else {
             return;
         };
-        if let Some(released) = abandon(loan, self.cleanup.take(), self.shared.clone()) {
+        let (cleanup, shared, pool) = (
+            self.cleanup.take(),
+            self.shared.clone(),
+            Arc::clone(&self.pool),
+        );
+        if let Some(released) = abandon(loan, cleanup, shared, pool, self.answers.clone()) {
             // Past the bound (or if the caller is cancelled) it finishes in the background.
             let until = deadline.min(Instant::now() + RELEASE_TIMEOUT);
             let _ = tokio::time::timeout_at(until, released).await;
@@ -51,13 +62,22 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         if let Some(loan) = self.loan.take() {
-            abandon(loan, self.cleanup.take(), self.shared.clone());
+            abandon(
+                loan,
+                self.cleanup.take(),
+                self.shared.clone(),
+                Arc::clone(&self.pool),
+                self.answers.clone(),
+            );
         }
     }
 }
 
-/// Closes `loan` in the background after sending `cleanup` on it (see [`InFlight`]). With a
-/// `cleanup`, returns what resolves once it is through (or given up), before the close.
+/// Sends `cleanup` on `loan` in the background, then puts the connection back in `pool` if the
+/// cleanup was answered, and closes it otherwise (see [`InFlight`]): an attempt cut only
+/// because its caller's time ran out (a wait shorter than a round trip) costs no connection.
+/// Without a `cleanup`, closes it. With a `cleanup`, returns what resolves once it is through
+/// (or given up), before the connection is put back or closed.
 ///
 /// The cleanup is sent once a `PING` on the connection is answered, so once the attempt's own
 /// commands are through; until then a `WAIT` of the attempt that blocks the connection is
@@ -70,6 +90,8 @@ fn abandon(
     loan: Loan,
     cleanup: Option<ScriptCall<'static>>,
     shared: Client,
+    pool: Arc<DedicatedPool>,
+    (answers, node): (Arc<Answers>, Option<Server>),
 ) -> Option<tokio::sync::oneshot::Receiver<()>> {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return None; // dropping the loan aborts its connection
@@ -77,6 +99,8 @@ fn abandon(
     let (done, released) = tokio::sync::oneshot::channel();
     let waits = cleanup.is_some();
     runtime.spawn(async move {
+        // Whether the cleanup was answered: the attempt's own commands were answered before it.
+        let mut cleaned_up = false;
         if let Some(cleanup) = cleanup {
             let until = Instant::now() + RELEASE_TIMEOUT * 2;
             let (through, mut through_yet) = tokio::sync::watch::channel(false);
@@ -128,7 +152,7 @@ fn abandon(
             };
             if answered {
                 let release = run_plain(&loan.conn, &cleanup, until);
-                let _ = tokio::time::timeout_at(until, release).await;
+                cleaned_up = matches!(tokio::time::timeout_at(until, release).await, Ok(Ok(_)));
             } else {
                 tracing::debug!(
                     "a CLIENT UNBLOCK went unanswered; the cancelled attempt's cleanup is not \
@@ -137,7 +161,12 @@ fn abandon(
             }
         }
         let _ = done.send(());
-        loan.close().await;
+        if cleaned_up {
+            answers.record(node);
+            pool.put_back(loan);
+        } else {
+            loan.close().await;
+        }
     });
     waits.then_some(released)
 }

@@ -36,7 +36,7 @@ impl Answers {
     }
 
     /// How long `node` has answered nothing; `None` if it never answered.
-    fn silent_for(&self, node: &Option<Server>) -> Option<Duration> {
+    pub(super) fn silent_for(&self, node: &Option<Server>) -> Option<Duration> {
         let last = self
             .0
             .lock()

@@ -140,6 +140,11 @@ impl Connection {
             loan: Some(loan),
             cleanup,
             shared: fred.clone(),
+            pool: std::sync::Arc::clone(&self.pool),
+            answers: (
+                std::sync::Arc::clone(&self.dedicated_answers),
+                self.dedicated_answer_key(&conn, call.slot),
+            ),
         };
         let checked = Box::pin(run_checked(&conn, &self.hints, call, Some(wait_until)));
         // The reply may come a little after WAIT ends, but never past the caller's deadline:
@@ -155,6 +160,8 @@ impl Connection {
         match outcome {
             Ok(Ok(checked)) => {
                 let loan = in_flight.settle();
+                self.dedicated_answers
+                    .record(self.dedicated_answer_key(&conn, call.slot));
                 let node = serving_node(&conn, call.slot);
                 let judged = judge(checked, &conn, node, granted_by);
                 if let Ok((
@@ -189,8 +196,23 @@ impl Connection {
                 if let (Err(_), Some(loan)) = (&failed, in_flight.loan.as_mut()) {
                     self.pool.mark_unanswered(loan);
                 }
+                // Cut by its caller's deadline while its node answers other calls (a wait
+                // shorter than a round trip): no sign of a failover, and forgetting the topology
+                // would close every idle connection (audit 52: at 200 ms round trips such waits
+                // in a loop left renewals opening connections, and cost every hold its lease).
+                let cut = match &failed {
+                    Err(_) => true,
+                    Ok(Err(error)) => *error.kind() == ErrorKind::Timeout,
+                    Ok(Ok(_)) => false,
+                };
+                let answering = self
+                    .dedicated_answers
+                    .silent_for(&self.dedicated_answer_key(&conn, call.slot))
+                    .is_some_and(|silent| silent < ANSWERING);
                 in_flight.fail(deadline).await;
-                self.forget_topology();
+                if !(cut && answering) {
+                    self.forget_topology();
+                }
                 Err(OpError::Failed(match failed {
                     Ok(Err(error)) => {
                         not_the_granter(error, serving_node(&conn, call.slot).as_ref(), granted_by)
@@ -198,6 +220,16 @@ impl Connection {
                     _ => self.timeout_error(),
                 }))
             }
+        }
+    }
+
+    /// The [`Answers`](super::primary::Answers) key of the node `conn` sends `slot`'s commands
+    /// to: `None` outside a cluster (one node).
+    fn dedicated_answer_key(&self, conn: &Client, slot: u16) -> Option<Server> {
+        if conn.is_clustered() {
+            serving_node(conn, slot)
+        } else {
+            None
         }
     }
 
@@ -258,6 +290,12 @@ pub(super) async fn run_plain(
 /// How long after its deadline a [`never_late`](ScriptCall::never_late) call is cut short if
 /// fred's own timeout has not ended it (it always should).
 const NEVER_LATE_BACKUP: Duration = Duration::from_millis(20);
+
+/// A node that answered a call on a dedicated connection this recently is answering: a call
+/// cut there meanwhile was cut by its caller's deadline. Shorter than any failover (Sentinel's
+/// `down-after-milliseconds` and a cluster's `cluster-node-timeout` start at about a second),
+/// so a node frozen for one still has the topology forgotten before its replacement is named.
+const ANSWERING: Duration = Duration::from_secs(1);
 
 /// Per-command options of a command whose caller bounds it with a deadline of its own: no fred
 /// timeout on top (a zero timeout is none), which saves a timer per command.

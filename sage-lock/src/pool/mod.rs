@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use crate::retry::{DEADLINE_REACHED, remaining};
 use crate::sentinel::PrimaryRoute;
 
+mod background;
 mod loan;
 
 pub use loan::DedicatedConnection;
@@ -208,7 +209,7 @@ impl DedicatedPool {
     /// and its connection stay for the next. Cancelled while connecting, the new connection is
     /// closed. Once the pool is closed, [`PoolError::Closed`] at once.
     pub(crate) async fn take(
-        &self,
+        self: &Arc<Self>,
         deadline: Instant,
         lane: Lane,
         enough: Duration,
@@ -303,6 +304,7 @@ impl DedicatedPool {
                 // Dropped, the loan closes the connection.
                 () = self.closed() => return Err(PoolError::Closed),
             };
+            let cut = connected.is_err();
             let failure = match connected {
                 Ok(Ok(())) => None,
                 Ok(Err(error)) => Some(error),
@@ -313,6 +315,11 @@ impl DedicatedPool {
                 if let Some(route) = &self.route {
                     // The primary may have moved: the next connection asks the Sentinels.
                     route.suspect();
+                }
+                if cut {
+                    // Cut by the caller's deadline: it may still connect, for the next caller.
+                    self.finish_in_background(loan);
+                    return Err(PoolError::Connect(error));
                 }
                 // Never connected: stop its task now; there is nothing to `QUIT`.
                 if let Some(task) = loan.link.as_mut().and_then(|link| link.task.take()) {
@@ -460,7 +467,7 @@ mod tests {
         let template = fred::types::Builder::from_config(config)
             .build()
             .expect("client");
-        let pool = DedicatedPool::new(template, 1);
+        let pool = Arc::new(DedicatedPool::new(template, 1));
         for budget in [Duration::ZERO, Duration::from_millis(50)] {
             let taken = pool
                 .take(Instant::now() + budget, Lane::InTurn, Duration::ZERO)
