@@ -1337,3 +1337,49 @@ async fn waits_shorter_than_a_round_trip_leave_the_other_holds_alone() {
         );
     }
 }
+
+/// A wait that ends before a round trip could answer it says so, with how long calls here
+/// take, rather than only "no reply from the server within the wait", which reads as a server
+/// fault (audit 52: the network held the replies, the server was fine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_shorter_than_a_round_trip_says_so() {
+    use harness::chaos::proxy::{Mode, Proxy};
+    for kind in ServerKind::ALL {
+        let setup = harness::shared_replicated(kind);
+        let proxy = Proxy::start(setup.primary.port()).expect("proxy");
+        let client = LockClient::builder()
+            .url(&format!("redis://127.0.0.1:{}", proxy.port()))
+            .replicated(true)
+            .connect()
+            .await
+            .expect("connect");
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("short-wait-says"))
+            .expect("options");
+        proxy.set_mode(Mode::Latency(Duration::from_millis(100)));
+        // Calls answered at this distance: the client learns how long they take.
+        for _ in 0..3 {
+            locks
+                .with_lock("warm", Duration::from_secs(5), async {})
+                .await
+                .expect("warm");
+        }
+        let outcome = locks
+            .with_lock("free", Duration::from_millis(100), async {})
+            .await;
+        println!("{kind}: {outcome:?}");
+        let Err(LockError::TimedOut {
+            reason: TimeoutReason::Unavailable(why),
+            ..
+        }) = &outcome
+        else {
+            panic!("{kind}: a 100 ms wait at 200 ms round trips: {outcome:?}");
+        };
+        assert!(
+            why.contains("calls to this server have taken"),
+            "{kind}: {why}"
+        );
+        proxy.set_mode(Mode::Normal);
+        client.quit().await;
+    }
+}
