@@ -65,6 +65,21 @@ impl Findings {
         }
     }
 
+    /// The last attempt, the only kind of answer so far being none, was cut by the deadline
+    /// unanswered after `unanswered_for`, while calls to this server have taken `typical`
+    /// lately (zero: unknown): when that is longer, the wait was shorter than a round trip, and
+    /// the timeout says so instead of blaming the server.
+    pub(super) fn cut_before_a_round_trip(&mut self, unanswered_for: Duration, typical: Duration) {
+        let found_nothing = !self.busy && self.last_transient.is_none() && self.short.is_none();
+        if found_nothing && typical > unanswered_for {
+            self.transient(format!(
+                "no reply in the {unanswered_for:.1?} the attempt had: calls to this server \
+                 have taken {typical:.1?} lately (round trips, replica acknowledgements \
+                 included); give waits more time than that"
+            ));
+        }
+    }
+
     /// The last grant's (acknowledged, required), when too few replicas acknowledged it.
     pub(super) fn short_ack(&self) -> Option<(i64, i64)> {
         self.short
@@ -119,6 +134,28 @@ mod tests {
         findings.busy(-1);
         assert_eq!(findings.holder_pttl, None);
         assert!(findings.busy);
+    }
+
+    /// Only an attempt cut before calls here are typically answered, with nothing found
+    /// before it, blames the wait's length.
+    #[test]
+    fn a_cut_shorter_than_a_call_blames_the_wait() {
+        let (cut, call) = (Duration::from_millis(100), Duration::from_millis(400));
+        let mut findings = Findings::default();
+        findings.cut_before_a_round_trip(cut, call);
+        let TimeoutReason::Unavailable(why) = findings.timeout_reason() else {
+            panic!("{:?}", findings.timeout_reason());
+        };
+        assert!(why.contains("have taken 400.0ms lately"), "{why}");
+        for mut findings in [Findings::default(), Findings::default()] {
+            findings.cut_before_a_round_trip(call, cut);
+            findings.cut_before_a_round_trip(cut, Duration::ZERO);
+            assert!(findings.last_transient.is_none());
+        }
+        let mut busy = Findings::default();
+        busy.busy(1_000);
+        busy.cut_before_a_round_trip(cut, call);
+        assert!(matches!(busy.timeout_reason(), TimeoutReason::Busy));
     }
 
     /// An attempt that lands in the last millisecond of the holder's lease reads a PTTL of 0:
