@@ -1424,3 +1424,49 @@ async fn a_release_refused_busy_quotes_the_refusal() {
         client.quit().await;
     }
 }
+
+/// A lease only a few round trips long is warned about once, at the grant that shows it: at
+/// 300 ms round trips a 1 s lease holds for one renewal at best (audit 52: with 600 ms round
+/// trips every hold was lost 977 ms in, and nothing said why). A lease of many round trips is
+/// not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_of_a_few_round_trips_is_warned_about() {
+    use harness::chaos::proxy::{Mode, Proxy};
+    use tracing::instrument::WithSubscriber as _;
+    for kind in ServerKind::ALL {
+        let server = harness::shared(kind);
+        let proxy = Proxy::start(server.port()).expect("proxy");
+        let client = LockClient::connect(&format!("redis://127.0.0.1:{}", proxy.port()))
+            .await
+            .expect("connect");
+        let options = |lease| LockOptions::new().namespace("few-round-trips").lease(lease);
+        let long: Locks<str> = client
+            .lock_with(options(Duration::from_secs(1)))
+            .expect("opts");
+        let captured = harness::Captured::default();
+        // Near: a 1 s lease is hundreds of round trips.
+        long.with_lock("near", Duration::from_secs(5), async {})
+            .with_subscriber(captured.warn_subscriber())
+            .await
+            .expect("near");
+        assert!(captured.text().is_empty(), "{kind}: {}", captured.text());
+        proxy.set_mode(Mode::Latency(Duration::from_millis(150)));
+        // Far: the same lease is about three round trips. Warned once, not per acquisition.
+        for _ in 0..2 {
+            let _ = long
+                .with_lock("far", Duration::from_secs(5), async {})
+                .with_subscriber(captured.warn_subscriber())
+                .await;
+        }
+        let text = captured.text();
+        println!("{kind}: {text}");
+        assert_eq!(
+            text.matches("round trip").count(),
+            1,
+            "{kind}: one warning naming the round trip: {text}"
+        );
+        assert!(text.contains("lease"), "{kind}: {text}");
+        proxy.set_mode(Mode::Normal);
+        client.quit().await;
+    }
+}
