@@ -204,6 +204,8 @@ pub(crate) struct Engine {
     pub(crate) waiting: Arc<release::Releases>,
     /// Set by [`LockClient::quit`](crate::LockClient::quit): waiting acquisitions stop.
     pub(crate) quitting: Quitting,
+    /// Set once a grant warned that its round trip was long for its lease (said once).
+    pub(crate) warned_round_trip: std::sync::atomic::AtomicBool,
 }
 
 /// The start of [`LockClient::quit`](crate::LockClient::quit): waiting acquisitions stop, and
@@ -251,6 +253,7 @@ impl Engine {
             releases: Arc::default(),
             waiting: Arc::default(),
             quitting: Quitting::default(),
+            warned_round_trip: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }

@@ -201,6 +201,31 @@ pub(crate) async fn acquire(
     }
 }
 
+/// Warns, once per client, of a grant whose round trip took more than a quarter of its lease:
+/// renewals that slow come back too late, and holds are lost (audit 52: at 600 ms round trips
+/// every 1 s hold was lost, and nothing said why).
+fn warn_of_a_long_round_trip(
+    engine: &Engine,
+    keys: &LockKeys,
+    namespace: &str,
+    round_trip: Duration,
+    lease: Duration,
+) {
+    use std::sync::atomic::Ordering;
+    if round_trip > lease / 4 && !engine.warned_round_trip.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            key = %keys.display(),
+            %namespace,
+            ?round_trip,
+            ?lease,
+            "a lock was granted {round_trip:.1?} after its attempt was sent (one round trip, \
+             or a stall of this process), more than a quarter of its {lease:?} lease: \
+             renewals that slow come back too late and holds are lost; give leases ten times \
+             that or more (LockOptions::lease). Said once per client"
+        );
+    }
+}
+
 /// Lets the local follower just handed leadership send its queueing attempt while this task
 /// runs the caller's body: woken from this worker, the follower sits in the worker's unstealable
 /// next-task slot, and a body that blocks the thread would keep it there until the release, so
@@ -376,6 +401,7 @@ async fn acquire_loop(
                     tokio::time::sleep(backoff.next_delay(remaining(deadline))).await;
                     continue;
                 }
+                warn_of_a_long_round_trip(engine, keys, namespace, sent.elapsed(), lease_duration);
                 let lease = Lease::new(
                     Arc::clone(keys),
                     Arc::clone(namespace),
