@@ -1251,7 +1251,8 @@ async fn waits_shorter_than_a_round_trip_leave_the_other_holds_alone() {
     const HOLDS: usize = 4;
     const WAITERS: usize = 4;
     for kind in ServerKind::ALL {
-        let setup = harness::shared_replicated(kind);
+        // Its own primary: the connections opened are counted there.
+        let setup = Replicated::start(kind, 1);
         let proxy = Proxy::start(setup.primary.port()).expect("proxy");
         let client = LockClient::builder()
             .url(&format!("redis://127.0.0.1:{}", proxy.port()))
@@ -1345,7 +1346,8 @@ async fn waits_shorter_than_a_round_trip_leave_the_other_holds_alone() {
 async fn a_wait_shorter_than_a_round_trip_says_so() {
     use harness::chaos::proxy::{Mode, Proxy};
     for kind in ServerKind::ALL {
-        let setup = harness::shared_replicated(kind);
+        // Its own primary: others count the connections opened on the shared one.
+        let setup = Replicated::start(kind, 1);
         let proxy = Proxy::start(setup.primary.port()).expect("proxy");
         let client = LockClient::builder()
             .url(&format!("redis://127.0.0.1:{}", proxy.port()))
