@@ -65,17 +65,17 @@ impl Findings {
         }
     }
 
-    /// The last attempt, the only kind of answer so far being none, was cut by the deadline
-    /// unanswered after `unanswered_for`, while calls to this server have taken `typical`
-    /// lately (zero: unknown): when that is longer, the wait was shorter than a round trip, and
-    /// the timeout says so instead of blaming the server.
-    pub(super) fn cut_before_a_round_trip(&mut self, unanswered_for: Duration, typical: Duration) {
+    /// The last attempt of a `wait` was cut by the deadline unanswered, with nothing found
+    /// before it, while calls to this server have taken `typical` lately (zero: unknown): when
+    /// that is longer than the whole wait, the wait was shorter than a round trip, and the
+    /// timeout says so instead of blaming the server.
+    pub(super) fn cut_before_a_round_trip(&mut self, wait: Duration, typical: Duration) {
         let found_nothing = !self.busy && self.last_transient.is_none() && self.short.is_none();
-        if found_nothing && typical > unanswered_for {
+        if found_nothing && typical > wait {
             self.transient(format!(
-                "no reply in the {unanswered_for:.1?} the attempt had: calls to this server \
-                 have taken {typical:.1?} lately (round trips, replica acknowledgements \
-                 included); give waits more time than that"
+                "no reply within the {wait:?} wait: calls to this server have taken \
+                 {typical:.1?} lately (round trips, replica acknowledgements included); give \
+                 waits more time than that"
             ));
         }
     }
@@ -136,8 +136,8 @@ mod tests {
         assert!(findings.busy);
     }
 
-    /// Only an attempt cut before calls here are typically answered, with nothing found
-    /// before it, blames the wait's length.
+    /// Only a wait shorter than calls here typically take, whose attempts found nothing,
+    /// blames the wait's length.
     #[test]
     fn a_cut_shorter_than_a_call_blames_the_wait() {
         let (cut, call) = (Duration::from_millis(100), Duration::from_millis(400));

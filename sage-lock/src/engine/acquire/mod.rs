@@ -499,7 +499,9 @@ async fn acquire_loop(
                             .record(&settings.metrics, Event::TransientRetry);
                     }
                     found.cut_unanswered(sent.elapsed());
-                    found.cut_before_a_round_trip(sent.elapsed(), client.pool.typical_call());
+                    if let Mode::Wait(wait) = mode {
+                        found.cut_before_a_round_trip(wait, client.pool.typical_call());
+                    }
                     return Err(timed_out(&found, client));
                 }
                 if !sent_while_down {
