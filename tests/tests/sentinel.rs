@@ -418,3 +418,73 @@ async fn a_connect_with_the_primary_down_waits_for_its_failover() {
         client.quit().await;
     }
 }
+
+/// A frozen primary (`SIGSTOP`), replaced by Sentinel, while callers with short waits keep a
+/// small pool of dedicated connections busy: once the new primary is named, locks are taken
+/// there within a few seconds. The new connections callers open to the frozen node while it is
+/// still named never connect; finishing them in the background (for the next caller) must not
+/// keep the pool's slots from connections to the new primary until the connect timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_pool_reaches_the_new_primary_soon_after_a_frozen_one_is_replaced() {
+    for kind in ServerKind::ALL {
+        let setup = SentinelSetup::start(kind);
+        let old = setup.current_primary();
+        let old_port = old.port();
+        let client = LockClient::builder()
+            .url(&setup.url())
+            .max_connections(2)
+            .connect()
+            .await
+            .expect("connect through sentinel");
+        let locks: Locks<str> = client
+            .lock_with(LockOptions::new().namespace("frozen-small-pool"))
+            .expect("opts");
+        locks
+            .with_lock("warm", Duration::from_secs(5), async {})
+            .await
+            .expect("before the freeze");
+        old.pause();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let callers: Vec<_> = (0..6)
+            .map(|i| {
+                let (locks, stop) = (locks.clone(), std::sync::Arc::clone(&stop));
+                tokio::spawn(async move {
+                    let mut round = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        round += 1;
+                        let key = format!("c{i}-{round}");
+                        let _ = locks
+                            .with_lock(key.as_str(), Duration::from_millis(300), async {})
+                            .await;
+                    }
+                })
+            })
+            .collect();
+        let failover = setup.wait_for_failover(old_port, Duration::from_secs(30));
+        let named = Instant::now();
+        // The first call after the promotion that takes a lock, retried for up to 15 s.
+        let mut took = None;
+        while failover.is_ok() && named.elapsed() < Duration::from_secs(15) {
+            let outcome = locks
+                .with_lock("after", Duration::from_millis(500), async {})
+                .await;
+            if outcome.is_ok() {
+                took = Some(named.elapsed());
+                break;
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for caller in callers {
+            caller.await.expect("caller");
+        }
+        old.resume();
+        client.quit().await;
+        println!("{kind}: failover {failover:?}; first lock on the new primary {took:?} after");
+        failover.expect("failover completes");
+        let took = took.expect("a lock on the new primary within 15 s");
+        assert!(
+            took < Duration::from_secs(4),
+            "{kind}: the first lock on the new primary took {took:?} after it was named"
+        );
+    }
+}
