@@ -54,14 +54,17 @@ impl DedicatedPool {
     }
 }
 
-/// Whether `loan`'s connection connects before `until` (or the pool closes, or its task ends).
+/// Whether `loan`'s connection connects before `until` (or the pool closes, its task ends, or
+/// the pool forgets its idle connections: a failover may be under way, and the slot is needed
+/// for one to the new primary).
 async fn connected(pool: &DedicatedPool, loan: &Loan, until: Instant) -> bool {
     loop {
         if loan.conn.is_connected() {
             return true;
         }
         let ended = loan.link.as_ref().is_none_or(super::Link::ended);
-        if ended || pool.is_closed() || Instant::now() >= until {
+        let forgotten = loan.generation != pool.generation();
+        if ended || forgotten || pool.is_closed() || Instant::now() >= until {
             return false;
         }
         // Checked again at least every 50 ms: the notification may come before this listens.
