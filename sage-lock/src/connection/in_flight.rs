@@ -161,8 +161,10 @@ fn abandon(
             }
         }
         let _ = done.send(());
-        if cleaned_up {
+        if cleaned_up && node.is_some() {
             answers.record(node);
+        }
+        if cleaned_up {
             pool.put_back(loan);
         } else {
             loan.close().await;

@@ -87,8 +87,9 @@ pub(crate) struct Connection {
     node_check: NodeCheck,
     /// When each node last answered the shared connection: busy, or frozen.
     answers: primary::Answers,
-    /// When each node last answered a call on a dedicated connection: a call cut there while
-    /// its node answers others was cut by its caller's deadline, not by a failover.
+    /// When each node (by address, in every deployment) last answered a call on a dedicated
+    /// connection: a call cut there while its node answers others was cut by its caller's
+    /// deadline, not by a failover.
     dedicated_answers: Arc<primary::Answers>,
 }
 

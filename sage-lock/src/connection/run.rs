@@ -143,7 +143,7 @@ impl Connection {
             pool: std::sync::Arc::clone(&self.pool),
             answers: (
                 std::sync::Arc::clone(&self.dedicated_answers),
-                self.dedicated_answer_key(&conn, call.slot),
+                serving_node(&conn, call.slot),
             ),
         };
         let checked = Box::pin(run_checked(&conn, &self.hints, call, Some(wait_until)));
@@ -160,9 +160,10 @@ impl Connection {
         match outcome {
             Ok(Ok(checked)) => {
                 let loan = in_flight.settle();
-                self.dedicated_answers
-                    .record(self.dedicated_answer_key(&conn, call.slot));
                 let node = serving_node(&conn, call.slot);
+                if node.is_some() {
+                    self.dedicated_answers.record(node.clone());
+                }
                 let judged = judge(checked, &conn, node, granted_by);
                 if let Ok((
                     _,
@@ -205,10 +206,14 @@ impl Connection {
                     Ok(Err(error)) => *error.kind() == ErrorKind::Timeout,
                     Ok(Ok(_)) => false,
                 };
-                let answering = self
-                    .dedicated_answers
-                    .silent_for(&self.dedicated_answer_key(&conn, call.slot))
-                    .is_some_and(|silent| silent < ANSWERING);
+                // The node itself, not whichever is the primary now: after a failover the new
+                // primary's answers say nothing of a frozen old one that idle connections reach.
+                let node = serving_node(&conn, call.slot);
+                let answering = node.is_some()
+                    && self
+                        .dedicated_answers
+                        .silent_for(&node)
+                        .is_some_and(|silent| silent < ANSWERING);
                 in_flight.fail(deadline).await;
                 if !(cut && answering) {
                     self.forget_topology();
@@ -220,16 +225,6 @@ impl Connection {
                     _ => self.timeout_error(),
                 }))
             }
-        }
-    }
-
-    /// The [`Answers`](super::primary::Answers) key of the node `conn` sends `slot`'s commands
-    /// to: `None` outside a cluster (one node).
-    fn dedicated_answer_key(&self, conn: &Client, slot: u16) -> Option<Server> {
-        if conn.is_clustered() {
-            serving_node(conn, slot)
-        } else {
-            None
         }
     }
 

@@ -9,22 +9,35 @@ use tokio::time::Instant;
 
 use super::{DedicatedPool, Loan, is_replica};
 
+/// How long a new connection may go on connecting after its caller gave up: a connect takes a
+/// few round trips (about 600 ms at 200 ms round trips), and a node that takes longer is more
+/// likely frozen, whose replacement must find the pool's slots free soon.
+const BACKGROUND_CONNECT: Duration = Duration::from_secs(1);
+
 impl DedicatedPool {
     /// Lets `loan`, a new connection its caller's deadline cut while it connected, go on
-    /// connecting in the background (within the connect timeout) and then join the idle
+    /// connecting in the background (for a moment) and then join the idle
     /// connections. Until then it keeps its slot and counts as unanswered (see
     /// [`DedicatedPool::mark_unanswered`]). So waits shorter than a connect (long round trips)
     /// grow the pool instead of opening and dropping a connection each: audit 52, at 200 ms
     /// round trips, saw every such wait open a connection that none used, while renewals found
     /// no idle one and lost their leases. A connection that fails or times out is closed, as is
     /// one (through Sentinel) that reached a replica.
+    ///
+    /// It gives up after [`BACKGROUND_CONNECT`], or once the pool forgets its idle connections:
+    /// a frozen primary never finishes a connect, and its replacement must find slots free.
     pub(super) fn finish_in_background(self: &Arc<Self>, mut loan: Loan) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return; // dropping the loan aborts its connection
         };
         self.mark_unanswered(&mut loan);
         let pool = Arc::clone(self);
-        let until = Instant::now() + self.template.connection_config().connection_timeout;
+        let until = Instant::now()
+            + self
+                .template
+                .connection_config()
+                .connection_timeout
+                .min(BACKGROUND_CONNECT);
         runtime.spawn(async move {
             if !connected(&pool, &loan, until).await
                 || (pool.route.is_some() && is_replica(&loan.conn, until).await)
