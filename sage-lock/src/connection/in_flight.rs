@@ -164,7 +164,9 @@ fn abandon(
         if cleaned_up && node.is_some() {
             answers.record(node);
         }
-        if cleaned_up {
+        // Outside a cluster, only a connection whose `CLIENT ID` is known: a later cut attempt
+        // on one without could not have its `WAIT` unblocked (audit 53).
+        if cleaned_up && (loan.client_id().is_some() || loan.conn.is_clustered()) {
             pool.put_back(loan);
         } else {
             loan.close().await;

@@ -218,8 +218,9 @@ fn warn_of_a_long_round_trip(
             %namespace,
             ?round_trip,
             ?lease,
-            "a lock was granted {round_trip:.1?} after its attempt was sent (one round trip, \
-             or a stall of this process), more than a quarter of its {lease:?} lease: \
+            "a lock was granted {round_trip:.1?} after its attempt was sent (its round trips \
+             to the server, or a stall of this process), more than a quarter of its {lease:?} \
+             lease: \
              renewals that slow come back too late and holds are lost; give leases ten times \
              that or more (LockOptions::lease). Said once per client"
         );
