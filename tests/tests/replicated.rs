@@ -1240,6 +1240,22 @@ async fn calls_at_a_primary_full_of_clients_retry_within_their_wait() {
     }
 }
 
+/// A new primary with one replica (its own: tests count the connections opened on it), a proxy
+/// in front of it (for latency), and a replicated client through the proxy.
+async fn behind_a_proxy(
+    kind: ServerKind,
+) -> (Replicated, harness::chaos::proxy::Proxy, LockClient) {
+    let setup = Replicated::start(kind, 1);
+    let proxy = harness::chaos::proxy::Proxy::start(setup.primary.port()).expect("proxy");
+    let client = LockClient::builder()
+        .url(&format!("redis://127.0.0.1:{}", proxy.port()))
+        .replicated(true)
+        .connect()
+        .await
+        .expect("connect");
+    (setup, proxy, client)
+}
+
 /// At long round trips, waits too short for one (cut at their deadline before any answer) cost
 /// the other holds nothing: holds renewing beside a loop of such waits keep their locks, and
 /// the pool keeps its connections. Audit 52 (200 ms round trips through a proxy): every cut
@@ -1247,19 +1263,11 @@ async fn calls_at_a_primary_full_of_clients_retry_within_their_wait() {
 /// way), so renewals opened connections again and again: 24 of 27 holds lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waits_shorter_than_a_round_trip_leave_the_other_holds_alone() {
-    use harness::chaos::proxy::{Mode, Proxy};
+    use harness::chaos::proxy::Mode;
     const HOLDS: usize = 4;
     const WAITERS: usize = 4;
     for kind in ServerKind::ALL {
-        // Its own primary: the connections opened are counted there.
-        let setup = Replicated::start(kind, 1);
-        let proxy = Proxy::start(setup.primary.port()).expect("proxy");
-        let client = LockClient::builder()
-            .url(&format!("redis://127.0.0.1:{}", proxy.port()))
-            .replicated(true)
-            .connect()
-            .await
-            .expect("connect");
+        let (setup, proxy, client) = behind_a_proxy(kind).await;
         let locks: Locks<str> = client
             .lock_with(
                 LockOptions::new()
@@ -1344,17 +1352,9 @@ async fn waits_shorter_than_a_round_trip_leave_the_other_holds_alone() {
 /// fault (audit 52: the network held the replies, the server was fine).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_shorter_than_a_round_trip_says_so() {
-    use harness::chaos::proxy::{Mode, Proxy};
+    use harness::chaos::proxy::Mode;
     for kind in ServerKind::ALL {
-        // Its own primary: others count the connections opened on the shared one.
-        let setup = Replicated::start(kind, 1);
-        let proxy = Proxy::start(setup.primary.port()).expect("proxy");
-        let client = LockClient::builder()
-            .url(&format!("redis://127.0.0.1:{}", proxy.port()))
-            .replicated(true)
-            .connect()
-            .await
-            .expect("connect");
+        let (_setup, proxy, client) = behind_a_proxy(kind).await;
         let locks: Locks<str> = client
             .lock_with(LockOptions::new().namespace("short-wait-says"))
             .expect("options");
